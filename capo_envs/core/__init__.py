@@ -1,7 +1,7 @@
 """The environment contract: text spaces, action protocols, the TextEnv base, registration."""
 
 from .env import Outcome, TextEnv
-from .paths import DataNotPreparedError, data_dir, dataset_dir
+from .paths import DataNotPreparedError, data_dir, dataset_dir, is_prepared
 from .protocol import (
     Action,
     ActionProtocol,
@@ -29,6 +29,7 @@ __all__ = [
     "UnicodeText",
     "data_dir",
     "dataset_dir",
+    "is_prepared",
     "make_protocol",
     "register_card",
 ]

@@ -65,6 +65,7 @@ class TextEnv(gym.Env[str, str]):
         self._task_id: str | None = None
         self._task_id_set: frozenset[str] | None = None
         self._steps = 0
+        self._invalid_actions = 0
         self._context_chars = 0
         self._done = True
         self._transcript: list[str] = []
@@ -126,7 +127,7 @@ class TextEnv(gym.Env[str, str]):
         super().reset(seed=seed)
         options = dict(options or {})
         self._task_id = self._choose_task(options)
-        self._steps = 0
+        self._steps = self._invalid_actions = 0
         observation, extra = self._start(self._task_id)
         observation = self._fit(observation)
         self._context_chars = len(observation)
@@ -144,6 +145,7 @@ class TextEnv(gym.Env[str, str]):
         if parsed.valid:
             outcome = self._act(parsed.action)
         else:
+            self._invalid_actions += 1
             outcome = Outcome(self.protocol.feedback(parsed.error), reward=-self.invalid_penalty)
         observation = self._fit(outcome.observation)
         self._context_chars += len(observation) + (len(action) if isinstance(action, str) else 0)
@@ -167,7 +169,11 @@ class TextEnv(gym.Env[str, str]):
         if terminated or truncated:
             self._done = True
             info["ended_by"] = ended_by
-            info["metrics"] = self._metrics()
+            info["metrics"] = {
+                **self._metrics(),
+                "steps": float(self._steps),
+                "invalid_actions": float(self._invalid_actions),
+            }
         else:
             self._add_available_actions(info)
         self._transcript += [action if isinstance(action, str) else repr(action), observation]

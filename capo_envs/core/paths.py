@@ -23,3 +23,8 @@ def require(path: Path, what: str, command: str) -> Path:
     if not path.exists():
         raise DataNotPreparedError(f"{what} is not prepared (missing {path}). Run: {command}")
     return path
+
+
+def is_prepared(name: str) -> bool:
+    """``capo data prepare`` writes ``manifest.json`` last, so its presence means the dataset is complete."""
+    return (dataset_dir(name) / "manifest.json").is_file()

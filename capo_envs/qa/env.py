@@ -1,0 +1,174 @@
+"""Multi-hop question answering by searching a corpus: one env class for every QA dataset.
+
+An episode: the question; each action either searches (the observation is the top-k passages inside
+``<information>``) or answers (the episode terminates, reward = exact match). Running out of steps
+truncates the episode with reward 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..core.env import Outcome, TextEnv
+from ..core.paths import dataset_dir, require
+from ..core.protocol import Action, ToolSpec, make_protocol
+from ..retrieval.base import Hit, Retriever
+from .metrics import exact_match, f1_score
+from .task import QATask
+
+QA_TOOLS = (
+    ToolSpec("search", "query", "search the knowledge base; you will see the top passages"),
+    ToolSpec("answer", "answer", "give the final answer as a short phrase; this ends the episode"),
+)
+NO_ANSWER = "unknown"
+
+
+def format_passages(hits: Sequence[Hit], max_chars: int | None) -> str:
+    """Search-R1's observation layout: numbered passages with their titles inside <information>."""
+    lines = []
+    for rank, hit in enumerate(hits, 1):
+        text = hit.text if max_chars is None or len(hit.text) <= max_chars else hit.text[:max_chars] + "..."
+        lines.append(f"Doc {rank} (Title: {hit.title}) {text}")
+    body = "\n".join(lines) if lines else "No passages found."
+    return f"<information>{body}</information>"
+
+
+class MultiHopQAEnv(TextEnv):
+    """Answer ``tasks`` by searching with ``retriever``.
+
+    ``k`` passages per search and ``max_steps`` actions per episode (the paper's defaults: 5 and 5).
+    ``action_format`` is ``"tags"`` (``<search>q</search>``, ``<answer>a</answer>``) or ``"tool_call"``
+    (Hermes JSON calls). ``forced_first_search`` appends the results of searching the raw question to the
+    first observation, as the CAPO recipe does.
+    """
+
+    def __init__(
+        self,
+        tasks: Sequence[QATask],
+        retriever: Retriever,
+        *,
+        k: int = 5,
+        max_steps: int = 5,
+        action_format: str = "tags",
+        invalid_penalty: float = 0.0,
+        max_passage_chars: int | None = 1200,
+        forced_first_search: bool = False,
+        max_context_chars: int | None = None,
+        render_mode: str | None = None,
+    ):
+        if not tasks:
+            raise ValueError("MultiHopQAEnv needs at least one task")
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive int, got {k!r}")
+        super().__init__(
+            make_protocol(action_format, QA_TOOLS),
+            max_steps=max_steps,
+            invalid_penalty=invalid_penalty,
+            max_context_chars=max_context_chars,
+            render_mode=render_mode,
+        )
+        self.tasks = {t.id: t for t in tasks}
+        self._ids = tuple(self.tasks)
+        self.retriever = retriever
+        self.k = k
+        self.max_passage_chars = max_passage_chars
+        self.forced_first_search = forced_first_search
+        self._task: QATask | None = None
+        self._searched: list[str] = []
+        self._seen_titles: set[str] = set()
+        self._answer: str | None = None
+
+    # --- TextEnv hooks ---------------------------------------------------------------------------------
+    def task_ids(self) -> Sequence[str]:
+        return self._ids
+
+    def _start(self, task_id: str) -> tuple[str, dict[str, Any]]:
+        self._task = self.tasks[task_id]
+        self._searched, self._seen_titles = [], set()
+        self._answer = None
+        observation = f"Question: {self._task.question}"
+        if self.forced_first_search:
+            observation += "\n" + self._search(self._task.question)
+        return observation, {"question": self._task.question}
+
+    def _act(self, action: Action) -> Outcome:
+        if action.name == "search":
+            query = action.args["query"]
+            return Outcome(self._search(query), info={"query": query})
+        self._answer = action.args["answer"]
+        em = exact_match(self._answer, self._task.answers)
+        return Outcome(f"Your answer: {self._answer}", reward=em, terminated=True)
+
+    def _metrics(self) -> dict[str, float]:
+        answered = self._answer is not None
+        golds = self._task.answers
+        titles = self._task.supporting_titles
+        return {
+            "em": exact_match(self._answer, golds) if answered else 0.0,
+            "f1": f1_score(self._answer, golds) if answered else 0.0,
+            "answered": float(answered),
+            "searches": float(len(self._searched)),
+            "support_recall": (sum(t in self._seen_titles for t in titles) / len(titles)) if titles else 0.0,
+        }
+
+    def expert_action(self) -> str | None:
+        """An oracle that follows the gold hops: search each hop's query, then answer.
+
+        It answers the gold answer only if every gold passage was actually retrieved, so its success rate
+        measures whether the tasks are solvable with this retriever and ``k``.
+        """
+        task = self._task
+        if task is None or self._done or not task.expert_queries:
+            return None
+        remaining = [q for q in task.expert_queries if q not in self._searched]
+        steps_left = self.max_steps - self._steps
+        if remaining and steps_left > 1:
+            return self.protocol.render(Action("search", {"query": remaining[0]}))
+        found_all = all(t in self._seen_titles for t in task.supporting_titles)
+        answer = task.answers[0] if found_all else NO_ANSWER
+        return self.protocol.render(Action("answer", {"answer": answer}))
+
+    def close(self) -> None:
+        if self.retriever is not None:
+            self.retriever.close()
+        super().close()
+
+    # --- helpers -------------------------------------------------------------------------------------------
+    def _search(self, query: str) -> str:
+        hits = self.retriever.search([query], self.k)[0]
+        self._searched.append(query)
+        self._seen_titles.update(h.title for h in hits)
+        return format_passages(hits, self.max_passage_chars)
+
+
+def corpus_paths(dataset: str, corpus: str, retriever: str) -> tuple[Path, Path]:
+    """Resolve the corpus kwarg to (corpus.jsonl, index dir): the dataset's own, wiki18, or a user file."""
+    if corpus in ("default", dataset):
+        root = dataset_dir(dataset)
+        return root / "corpus.jsonl", root / "index" / retriever
+    if corpus == "wiki18":
+        root = dataset_dir("wiki18")
+        return root / "corpus.jsonl", root / "index" / retriever
+    path = Path(corpus).expanduser()
+    return path, path.with_name(path.name + ".index") / retriever
+
+
+def make_qa_env(
+    dataset: str,
+    split: str = "dev",
+    corpus: str = "default",
+    retriever: str = "bm25",
+    **env_kwargs: Any,
+) -> MultiHopQAEnv:
+    """Build the env for a prepared public dataset (HotpotQA, 2WikiMultihopQA, MuSiQue)."""
+    from ..retrieval import open_retriever
+    from .datasets import load_split
+
+    tasks = load_split(dataset, split)
+    prepare = f"capo data prepare {dataset if corpus == 'default' else corpus}"
+    if retriever.startswith(("http://", "https://")):
+        return MultiHopQAEnv(tasks, open_retriever(retriever), **env_kwargs)
+    corpus_file, index_dir = corpus_paths(dataset, corpus, retriever)
+    require(corpus_file, f"the corpus {corpus!r}", prepare)
+    return MultiHopQAEnv(tasks, open_retriever(retriever, corpus=corpus_file, index_dir=index_dir), **env_kwargs)

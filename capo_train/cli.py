@@ -1,0 +1,120 @@
+"""The ``capo`` command. Each subcommand imports only what it needs, so ``capo envs`` never loads torch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+
+def parse_key_values(pairs: Sequence[str]) -> dict[str, object]:
+    """``["size=tiny", "k=3"]`` -> ``{"size": "tiny", "k": 3}``: values are read as YAML scalars."""
+    import yaml
+
+    parsed = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"expected key=value, got {pair!r}")
+        parsed[key] = yaml.safe_load(value) if value else ""
+    return parsed
+
+
+def _cmd_envs(args: argparse.Namespace) -> int:
+    import capo_envs
+
+    rows = []
+    for card in capo_envs.CATALOG.values():
+        ready = card.data_ready()
+        status = "ready" if ready else f"missing: run `{card.prepare}`"
+        rows.append((card.id, card.data, status))
+    widths = [max(len(r[i]) for r in rows + [("id", "data", "status")]) for i in range(3)]
+    for row in [("id", "data", "status")] + rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    if args.verbose:
+        for card in capo_envs.CATALOG.values():
+            print(f"\n{card.id}: {card.summary}\n  actions: {card.action_format}\n  reward: {card.reward}"
+                  f"\n  metrics: {card.metrics}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    """Run the env's expert (or a fixed bad policy) for a few episodes and print the transcripts."""
+    import gymnasium as gym
+
+    import capo_envs  # noqa: F401  (registers the ids)
+
+    env = gym.make(args.env, **parse_key_values(args.env_kwargs))
+    base = env.unwrapped
+    print(f"{args.env}: {len(base.task_ids())} tasks\n--- instructions given to the model ---")
+    print(base.protocol.instructions)
+    successes = 0.0
+    for episode in range(args.episodes):
+        obs, info = env.reset(seed=args.seed + episode)
+        print(f"\n=== episode {episode} · task {info['task_id']} ===\n[obs] {obs}")
+        done = False
+        while not done:
+            action = base.expert_action()
+            if action is None:
+                print("this env has no expert")
+                return 1
+            obs, reward, terminated, truncated, info = env.step(action)
+            print(f"[act] {action}\n[obs] {obs[:400]}{'...' if len(obs) > 400 else ''}")
+            done = terminated or truncated
+        metrics = info["metrics"]
+        successes += metrics.get("em", reward)
+        print(f"reward={reward} terminated={terminated} truncated={truncated} metrics={metrics}")
+    print(f"\nexpert success over {args.episodes} episodes: {successes / args.episodes:.2f}")
+    env.close()
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    print(
+        "capo train is not implemented yet (issue 3: the CAPO trainer). "
+        "Until it lands, `capo demo` runs the SynthHop expert end to end.",
+        file=sys.stderr,
+    )
+    return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="capo", description="capo-gym: text envs for LLM agents and CAPO.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    envs = sub.add_parser("envs", help="list every env id, the data it needs and whether it is present")
+    envs.add_argument("-v", "--verbose", action="store_true", help="also print action format, reward, metrics")
+    envs.set_defaults(func=_cmd_envs)
+
+    demo = sub.add_parser("demo", help="run an env's expert for a few episodes and print what it sees")
+    demo.add_argument("--env", default="capo/SynthHop-v0")
+    demo.add_argument("--episodes", type=int, default=3)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("env_kwargs", nargs="*", metavar="key=value", help="keyword arguments for gym.make")
+    demo.set_defaults(func=_cmd_demo)
+
+    train = sub.add_parser("train", help="train a policy with CAPO or a baseline (coming with issue 3)")
+    train.set_defaults(func=_cmd_train)
+
+    # These two hand their arguments to modules with their own parsers.
+    sub.add_parser("data", help="download and prepare datasets: capo data prepare|list|verify ...", add_help=False)
+    sub.add_parser("serve-retriever", help="serve a corpus over Search-R1's POST /retrieve", add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "data":
+        from data_prep.cli import data_main
+
+        return data_main(argv[1:])
+    if argv and argv[0] == "serve-retriever":
+        from capo_envs.retrieval.server import serve_main
+
+        return serve_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

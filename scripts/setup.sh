@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Set up (or update) .venv for capo-gym on a fresh machine. Idempotent.
+#   bash scripts/setup.sh          # the package and its CLI
+#   bash scripts/setup.sh --test   # plus the test extras and the optional backends the tests cover
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+PIP=".venv/bin/python -m pip --disable-pip-version-check -q"
+$PIP install --upgrade pip
+# torch first, pinned: a bare `torch` requirement resolved first would pull a multi-GB CUDA build.
+.venv/bin/python -c "import torch" 2>/dev/null || $PIP install "torch==2.13.0"
+if [ "${1:-}" = "--test" ]; then
+  $PIP install -e ".[test]"
+else
+  $PIP install -e ".[dense]"
+fi

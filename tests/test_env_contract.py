@@ -1,0 +1,260 @@
+"""The environment contract, checked on every offline env id."""
+
+import random
+import subprocess
+import sys
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import capo_envs
+from capo_envs.core import DataNotPreparedError
+from capo_envs.qa.env import MultiHopQAEnv
+from capo_envs.qa.task import QATask
+from capo_envs.retrieval.base import Hit, Retriever
+
+OFFLINE_ENVS = {"capo/SynthHop-v0": {"size": "tiny"}}
+INFO_KEYS = {"task_id", "step", "action_valid", "action", "invalid_reason"}
+
+
+def make(env_id, **kwargs):
+    return gym.make(env_id, **{**OFFLINE_ENVS[env_id], **kwargs})
+
+
+@pytest.fixture(params=sorted(OFFLINE_ENVS))
+def env_id(request):
+    return request.param
+
+
+def adversarial_actions(rng: random.Random, n: int):
+    fixed = [
+        "", " ", "\n", "x" * 100_000, "<search>", "</search>", "<search><search>q</search></search>",
+        "<answer>", "<answer></answer>", "<search>\x00\x01\x02</search>", "\x1b[2J\x07", "\ud800",
+        "<search>" * 5000, "<answer>a</answer>" * 3, "<tool_call>{}</tool_call>", "<search>q</answer>",
+        "<SEARCH>q</SEARCH>", "<search>q</search>trailing text", "<think><search>q</search></think>",
+        None, 42, 3.5, b"<search>q</search>", ["<search>q</search>"], {"name": "search"},
+    ]
+    alphabet = "<>/searchanswer \n\t{}\":,\x00\u200béü中🚀"
+    for i in range(n):
+        if i < len(fixed):
+            yield fixed[i]
+            continue
+        kind = rng.random()
+        if kind < 0.4:
+            yield "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
+        elif kind < 0.7:
+            yield "".join(chr(rng.randint(0, 0x10FFFF)) for _ in range(rng.randint(0, 30)))
+        else:
+            tag = rng.choice(["search", "answer"])
+            body = "".join(chr(rng.randint(32, 0x2FFF)) for _ in range(rng.randint(0, 40)))
+            yield f"{'reasoning ' * rng.randint(0, 3)}<{tag}>{body}</{tag}>"
+
+
+def test_check_env(env_id):
+    env = make(env_id, disable_env_checker=True)
+    check_env(env.unwrapped, skip_render_check=False)
+    env.close()
+
+
+def test_thousand_adversarial_actions_never_crash(env_id):
+    env = make(env_id)
+    rng = random.Random(0)
+    obs, info = env.reset(seed=0)
+    invalid = 0
+    for action in adversarial_actions(rng, 1200):
+        obs, reward, terminated, truncated, info = env.step(action)
+        assert isinstance(obs, str) and obs in env.observation_space
+        assert isinstance(reward, float)
+        assert INFO_KEYS <= set(info)
+        assert info["action_valid"] == (info["invalid_reason"] is None)
+        if not info["action_valid"]:
+            invalid += 1
+            assert obs.startswith("Invalid action:") and reward == 0.0
+        assert not (terminated and truncated)
+        if terminated or truncated:
+            assert "metrics" in info
+            obs, info = env.reset()
+    assert invalid > 500
+    env.close()
+
+
+def test_registration_by_module_prefix_and_no_torch():
+    code = (
+        "import sys, gymnasium as gym\n"
+        "env = gym.make('capo_envs:capo/SynthHop-v0', size='tiny')\n"
+        "obs, info = env.reset(seed=1)\n"
+        "assert 'torch' not in sys.modules and 'capo_train' not in sys.modules, 'capo_envs imported torch'\n"
+        "print(type(env.unwrapped).__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "SynthHopEnv"
+
+
+def test_every_catalog_id_is_registered():
+    for env_id in capo_envs.CATALOG:
+        assert env_id in gym.registry
+
+
+def test_terminated_on_answer(env_id):
+    env = make(env_id)
+    env.reset(seed=3)
+    obs, reward, terminated, truncated, info = env.step("<answer>no idea</answer>")
+    assert terminated and not truncated
+    assert info["ended_by"] == "terminated" and info["metrics"]["answered"] == 1.0
+    assert reward == info["metrics"]["em"]
+
+
+def test_truncated_by_step_budget(env_id):
+    env = make(env_id, max_steps=3)
+    env.reset(seed=3)
+    results = [env.step("<search>anything</search>") for _ in range(3)]
+    assert [r[2] for r in results] == [False] * 3
+    assert [r[3] for r in results] == [False, False, True]
+    info = results[-1][4]
+    assert info["ended_by"] == "step_budget"
+    assert info["metrics"]["answered"] == 0.0 and info["metrics"]["em"] == 0.0
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step("<answer>late</answer>")
+
+
+def test_truncated_by_context_budget(env_id):
+    env = make(env_id, max_steps=50, max_context_chars=2000)
+    env.reset(seed=3)
+    truncated, steps = False, 0
+    while not truncated:
+        _, _, terminated, truncated, info = env.step("<search>the</search>")
+        steps += 1
+        assert not terminated
+    assert info["ended_by"] == "context_budget" and steps < 50
+
+
+def test_invalid_action_costs_a_step_and_the_penalty(env_id):
+    env = make(env_id, invalid_penalty=0.25)
+    env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step("I think the answer is Paris.")
+    assert reward == -0.25 and not terminated and not truncated
+    assert info["step"] == 1 and info["action"] is None
+    assert "no action found" in info["invalid_reason"] and "<search>" in obs
+
+
+def test_task_selection(env_id):
+    env = make(env_id)
+    ids = env.unwrapped.task_ids()
+    _, info = env.reset(options={"task_id": ids[5]})
+    assert info["task_id"] == ids[5]
+    _, info = env.reset(options={"task_index": 7})
+    assert info["task_id"] == ids[7]
+    with pytest.raises(ValueError, match="unknown task_id"):
+        env.reset(options={"task_id": "no-such-task"})
+    with pytest.raises(ValueError, match="task_index"):
+        env.reset(options={"task_index": len(ids)})
+    first = [env.reset(seed=s)[1]["task_id"] for s in range(20)]
+    again = [env.reset(seed=s)[1]["task_id"] for s in range(20)]
+    assert first == again and len(set(first)) > 5
+
+
+def test_reset_info_publishes_the_protocol(env_id):
+    env = make(env_id)
+    _, info = env.reset(seed=0)
+    assert info["protocol"]["stop_strings"] == ["</search>", "</answer>"]
+    assert info["protocol"] == env.unwrapped.protocol.describe()
+
+
+@pytest.mark.parametrize("action_format", ["tags", "tool_call"])
+def test_expert_solves_tiny(env_id, action_format):
+    env = make(env_id, action_format=action_format, split="dev")
+    base = env.unwrapped
+    solved = 0
+    for task_id in base.task_ids():
+        env.reset(options={"task_id": task_id})
+        done = False
+        while not done:
+            _, reward, terminated, truncated, info = env.step(base.expert_action())
+            assert info["action_valid"]
+            done = terminated or truncated
+        assert terminated
+        solved += info["metrics"]["em"]
+    assert solved / len(base.task_ids()) >= 0.95
+
+
+def test_synthhop_oracle_reaches_em_095_with_bm25_top5():
+    env = gym.make("capo/SynthHop-v0", size="small", split="test", k=5)
+    base = env.unwrapped
+    em = []
+    for task_id in base.task_ids():
+        env.reset(options={"task_id": task_id})
+        done = False
+        while not done:
+            _, _, terminated, truncated, info = env.step(base.expert_action())
+            done = terminated or truncated
+        em.append(info["metrics"]["em"])
+    assert sum(em) / len(em) >= 0.95
+
+
+def test_render_ansi_is_the_transcript(env_id):
+    env = make(env_id, render_mode="ansi")
+    obs, _ = env.reset(seed=0)
+    env.step("<search>x</search>")
+    text = env.render()
+    assert text.startswith(obs) and "<search>x</search>" in text
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_vector_envs(env_id, mode):
+    fns = [lambda: make(env_id) for _ in range(2)]
+    envs = (
+        gym.vector.SyncVectorEnv(fns) if mode == "sync" else gym.vector.AsyncVectorEnv(fns, shared_memory=False)
+    )
+    try:
+        obs, infos = envs.reset(seed=[0, 1])
+        assert len(obs) == 2 and all(isinstance(o, str) for o in obs)
+        for _ in range(6):
+            actions = envs.call("expert_action")
+            obs, rewards, terminated, truncated, infos = envs.step(list(actions))
+            assert rewards.shape == (2,) and all(isinstance(o, str) for o in obs)
+            assert "action_valid" in infos
+    finally:
+        envs.close()
+
+
+class RecordingRetriever(Retriever):
+    def __init__(self):
+        self.closed = 0
+        self.queries = []
+
+    def search(self, queries, k):
+        self.queries += list(queries)
+        return [[Hit(str(i), f"T{i}", f"passage {i} about {q}", 1.0 / (i + 1)) for i in range(k)] for q in queries]
+
+    def close(self):
+        self.closed += 1
+
+
+def test_close_releases_the_retriever_and_k_controls_passages():
+    retriever = RecordingRetriever()
+    env = MultiHopQAEnv([QATask("t1", "Who?", ("Ann",))], retriever, k=3, max_passage_chars=10)
+    env.reset(seed=0)
+    obs, *_ = env.step("<search>who</search>")
+    assert retriever.queries == ["who"]
+    assert obs.count("Doc ") == 3 and "Doc 4" not in obs
+    assert "passage 0 ..." in obs  # passages are cut at max_passage_chars
+    env.close()
+    assert retriever.closed == 1
+
+
+def test_forced_first_search_shows_passages_on_reset():
+    retriever = RecordingRetriever()
+    env = MultiHopQAEnv([QATask("t1", "Who wrote X?", ("Ann",))], retriever, forced_first_search=True)
+    obs, _ = env.reset(seed=0)
+    assert retriever.queries == ["Who wrote X?"] and "<information>" in obs
+
+
+@pytest.mark.parametrize("env_id", ["capo/HotpotQA-v0", "capo/2WikiMultihopQA-v0", "capo/MuSiQue-v0"])
+def test_public_ids_without_data_name_the_command(env_id, tmp_path, monkeypatch):
+    monkeypatch.setenv("CAPO_DATA_DIR", str(tmp_path))
+    dataset = capo_envs.CATALOG[env_id].kwargs["dataset"]
+    with pytest.raises(DataNotPreparedError, match=f"capo data prepare {dataset}"):
+        gym.make(env_id)
+    assert not capo_envs.CATALOG[env_id].data_ready()
