@@ -12,6 +12,8 @@ $PIP install --upgrade pip
 .venv/bin/python -c "import torch" 2>/dev/null || $PIP install "torch==2.13.0"
 if [ "${1:-}" = "--test" ]; then
   $PIP install -e ".[test]"
+  # Lucene BM25 (optional backend, tested): pyserini without the heavy dependencies it does not need here.
+  $PIP install --no-deps "pyserini==0.22.1"
 else
   $PIP install -e ".[dense]"
 fi

@@ -31,11 +31,10 @@ DEFAULT_TOPK = 3  # Search-R1's default ``retrieval_topk``
 class RequestError(Exception):
     """A client mistake, answered with ``status`` and ``{"error": message}``."""
 
-    def __init__(self, status: HTTPStatus, message: str, *, close: bool = False):
+    def __init__(self, status: HTTPStatus, message: str):
         super().__init__(message)
         self.status = status
         self.message = message
-        self.close = close  # the body was not (fully) read, so the connection cannot be reused
 
 
 class RetrieverServer(ThreadingHTTPServer):
@@ -72,7 +71,7 @@ class RetrieverServer(ThreadingHTTPServer):
         host, port = self.server_address[:2]
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
-    def serve_forever(self, poll_interval: float = 0.5) -> None:
+    def serve_forever(self, poll_interval: float = 0.1) -> None:
         self._serving = True
         try:
             super().serve_forever(poll_interval)
@@ -100,6 +99,10 @@ class RetrieverServer(ThreadingHTTPServer):
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that vanished mid-answer is routine; socketserver would print a traceback."""
+        logger.debug("error while answering %s", client_address, exc_info=True)
 
     def retrieve(self, queries: list[str], topk: int) -> list[list[Hit]]:
         with self.lock:
@@ -130,13 +133,12 @@ class RetrieveHandler(BaseHTTPRequestHandler):
         path = self.path.partition("?")[0].rstrip("/")
         try:
             if path == "/health":
-                raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, "use GET /health", close=True)
+                raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, "use GET /health")
             if path != "/retrieve":
-                raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint {path or '/'!r}; use POST /retrieve", close=True)
+                raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint {path or '/'!r}; use POST /retrieve")
             queries, topk, return_scores = self._parse_request(self._read_body())
         except RequestError as e:
-            if e.close:
-                self.close_connection = True
+            self.close_connection = True  # the rest of the stream (unread body, bytes past a short one) is suspect
             self._send_json(e.status, {"error": e.message})
             return
         try:
@@ -171,28 +173,27 @@ class RetrieveHandler(BaseHTTPRequestHandler):
 
     def _read_body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "chunked bodies are not supported; send Content-Length", close=True)
+            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "chunked bodies are not supported; send Content-Length")
         length_header = self.headers.get("Content-Length")
         if length_header is None:
-            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required", close=True)
+            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required")
         try:
             length = int(length_header)
             if length < 0:
                 raise ValueError
         except ValueError:
-            raise RequestError(HTTPStatus.BAD_REQUEST, f"bad Content-Length {length_header!r}", close=True) from None
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"bad Content-Length {length_header!r}") from None
         if length > self.server.max_body_bytes:
             raise RequestError(
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                 f"body of {length} bytes exceeds the limit of {self.server.max_body_bytes}",
-                close=True,
             )
         try:
             body = self.rfile.read(length)
         except (TimeoutError, OSError):
             body = b""
         if len(body) < length:
-            raise RequestError(HTTPStatus.BAD_REQUEST, f"body ended after {len(body)} of {length} bytes", close=True)
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"body ended after {len(body)} of {length} bytes")
         return body
 
     def _parse_request(self, body: bytes) -> tuple[list[str], int, bool]:
@@ -275,10 +276,6 @@ def make_server(
     )
 
 
-def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def serve_main(argv: list[str] | None = None) -> int:
     """``capo serve-retriever``: load or build an index and serve it until Ctrl-C or SIGTERM."""
     parser = argparse.ArgumentParser(prog="capo serve-retriever", description=serve_main.__doc__)
@@ -309,7 +306,11 @@ def serve_main(argv: list[str] | None = None) -> int:
         retriever.close()
         print(f"capo serve-retriever: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    if threading.current_thread() is threading.main_thread():
+        # Installed after the retriever is opened: an in-process JVM (lucene) replaces Python's
+        # SIGINT handler with one that exits without our cleanup.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.default_int_handler)
     print(f"serving {args.retriever} retriever at {server.url} (POST /retrieve, GET /health)", flush=True)
     try:
         server.serve_forever()

@@ -1,0 +1,101 @@
+"""Retrieval backends behind one interface, and ``open_retriever`` to get one by name.
+
+Only the torch-free parts are imported here; dense (torch, transformers, faiss), Lucene (Java) and
+HTTP backends are imported when ``open_retriever`` is asked for them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .base import CachedRetriever, Hit, Passage, Retriever, read_corpus, write_corpus
+from .bm25 import BM25Retriever
+
+__all__ = [
+    "Passage", "Hit", "Retriever", "CachedRetriever", "read_corpus", "write_corpus",
+    "BM25Retriever", "open_retriever", "KINDS",
+]
+
+KINDS = ("bm25", "lucene", "dense", "hybrid")
+_BM25_KWARGS = {"engine", "show_progress"}
+_HYBRID_KWARGS = {"rrf_k", "depth", "weights"}
+
+
+def _index_class(kind: str):
+    if kind == "bm25":
+        return BM25Retriever
+    if kind == "dense":
+        from .dense import DenseRetriever
+
+        return DenseRetriever
+    from .lucene import LuceneRetriever
+
+    return LuceneRetriever
+
+
+def _load_or_build(kind: str, get_passages: Callable[[], Sequence[Passage]], index_dir: Path | None, kwargs: dict[str, Any]) -> Retriever:
+    cls = _index_class(kind)
+    if index_dir is not None and index_dir.is_dir() and any(index_dir.iterdir()):
+        return cls.load(index_dir)
+    retriever = cls.build(get_passages(), **kwargs)
+    if index_dir is not None:
+        retriever.save(index_dir)
+    return retriever
+
+
+def open_retriever(
+    kind: str,
+    *,
+    passages: Sequence[Passage] | None = None,
+    corpus: str | Path | None = None,
+    index_dir: str | Path | None = None,
+    cache_size: int = 10_000,
+    **kwargs: Any,
+) -> Retriever:
+    """A ready retriever: ``kind`` is one of ``KINDS`` or an ``http(s)://`` retrieval server URL.
+
+    A saved index in ``index_dir`` is loaded; otherwise one is built from ``passages`` (or the JSONL
+    ``corpus``) and saved to ``index_dir`` when given. ``hybrid`` keeps its BM25 and dense indexes
+    in ``index_dir/bm25`` and ``index_dir/dense``. ``kwargs`` go to the backend's ``build`` (for
+    hybrid: ``engine`` to BM25, ``rrf_k``/``depth``/``weights`` to the fusion, the rest to dense).
+    With ``cache_size > 0`` the result sits behind an LRU query cache.
+    """
+    if kind.startswith(("http://", "https://")):
+        from .http import HTTPRetriever
+
+        retriever: Retriever = HTTPRetriever(kind, **kwargs)
+    elif kind not in KINDS:
+        raise ValueError(f"unknown retriever kind {kind!r}; choose one of {KINDS} or an http(s):// URL")
+    else:
+        index_path = Path(index_dir) if index_dir is not None else None
+        cached: list[Passage] = []
+
+        def get_passages() -> Sequence[Passage]:
+            # Read the corpus at most once, and only if some index has to be built.
+            if passages is not None:
+                return passages
+            if corpus is None:
+                where = f"no saved index in {index_path} and " if index_path is not None else ""
+                raise ValueError(f"open_retriever({kind!r}): {where}neither passages nor corpus given to build one from")
+            if not cached:
+                cached.extend(read_corpus(corpus))
+            return cached
+
+        if kind == "hybrid":
+            bm25_kwargs = {key: v for key, v in kwargs.items() if key in _BM25_KWARGS}
+            fusion = {key: v for key, v in kwargs.items() if key in _HYBRID_KWARGS}
+            dense_kwargs = {key: v for key, v in kwargs.items() if key not in _BM25_KWARGS | _HYBRID_KWARGS}
+            if "show_progress" in kwargs:
+                dense_kwargs["show_progress"] = kwargs["show_progress"]
+            sub = (lambda name: index_path / name) if index_path is not None else (lambda name: None)
+            from .hybrid import HybridRetriever
+
+            members = [
+                _load_or_build("bm25", get_passages, sub("bm25"), bm25_kwargs),
+                _load_or_build("dense", get_passages, sub("dense"), dense_kwargs),
+            ]
+            retriever = HybridRetriever(members, **fusion)
+        else:
+            retriever = _load_or_build(kind, get_passages, index_path, kwargs)
+    return CachedRetriever(retriever, cache_size) if cache_size > 0 else retriever

@@ -1,0 +1,46 @@
+"""``manifest.json``: what a prepared dataset holds, with checksums. Its presence marks completion."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .download import sha256_file
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+
+
+def file_records(root: Path) -> dict[str, dict]:
+    """sha256 and size of every file under ``root`` except the manifest, keyed by relative path."""
+    records = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST):
+        records[path.relative_to(root).as_posix()] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    return records
+
+
+def write_manifest(root: Path, manifest: dict) -> Path:
+    """Write atomically (temp file + rename), so a reader never sees half a manifest."""
+    path = root / MANIFEST
+    tmp = path.with_name(MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def read_manifest(root: Path) -> dict | None:
+    path = root / MANIFEST
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def verify_files(root: Path, manifest: dict) -> list[str]:
+    """Re-hash every file the manifest lists; returns one line per missing or changed file."""
+    problems = []
+    for rel, expected in manifest.get("files", {}).items():
+        path = root / rel
+        if not path.is_file():
+            problems.append(f"missing: {rel}")
+        elif path.stat().st_size != expected["bytes"] or sha256_file(path) != expected["sha256"]:
+            problems.append(f"changed: {rel}")
+    return problems
