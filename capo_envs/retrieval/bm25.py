@@ -24,18 +24,17 @@ at least one term with the query, so a query can get fewer than ``k`` hits, or n
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import tempfile
-from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from .base import Hit, Passage, Retriever, check_search_args, read_corpus, write_corpus
+from .index_files import atomic_directory, read_index_meta, top_k_with_ties
 
 ENGINES = ("bm25s", "tantivy")
 DEFAULT_ENGINE = "bm25s"
@@ -43,43 +42,6 @@ _FORMAT = "capo-bm25/1"
 # Lucene's BM25 constants (tantivy's are fixed to these), so the two engines rank alike.
 _K1, _B = 1.2, 0.75
 _WORD = re.compile(r"\w+")
-
-
-@contextmanager
-def atomic_directory(index_dir: str | Path) -> Iterator[Path]:
-    """Yield a temp dir beside ``index_dir``; on success it replaces ``index_dir``.
-
-    A crash mid-save then leaves the previous index (or nothing), never a half-written one that a
-    later ``load`` would trust.
-    """
-    index_dir = Path(index_dir)
-    index_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{index_dir.name}.tmp-", dir=index_dir.parent))
-    try:
-        yield tmp
-        old = None
-        if index_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{index_dir.name}.old-", dir=index_dir.parent))
-            os.rename(index_dir, old / "index")
-        os.rename(tmp, index_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def top_k_with_ties(positions: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[int, float]]:
-    """The ``k`` best ``(position, score)`` pairs, ties broken by lower position.
-
-    ``argpartition`` alone picks arbitrarily among passages tied at the k-th score; keeping every
-    passage at or above that score before sorting makes the cut deterministic.
-    """
-    if len(scores) > k:
-        threshold = np.partition(scores, len(scores) - k)[len(scores) - k]
-        keep = scores >= threshold
-        positions, scores = positions[keep], scores[keep]
-    order = np.lexsort((positions, -scores))[:k]
-    return [(int(positions[i]), float(scores[i])) for i in order]
 
 
 @lru_cache(maxsize=None)
@@ -311,12 +273,7 @@ class BM25Retriever(Retriever):
     @classmethod
     def load(cls, index_dir: str | Path) -> "BM25Retriever":
         index_dir = Path(index_dir)
-        meta_path = index_dir / "meta.json"
-        if not meta_path.is_file():
-            raise FileNotFoundError(f"{index_dir} holds no saved BM25 index (no meta.json)")
-        meta = json.loads(meta_path.read_text())
-        if meta.get("format") != _FORMAT:
-            raise ValueError(f"{index_dir} is not a BM25Retriever index (format {meta.get('format')!r})")
+        meta = read_index_meta(index_dir, _FORMAT, "BM25")
         engine = _engine_class(meta["engine"]).load(index_dir / meta["engine"])
         return cls(list(read_corpus(index_dir / "passages.jsonl")), engine)
 

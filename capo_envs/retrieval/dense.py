@@ -37,7 +37,7 @@ from typing import Sequence
 import numpy as np
 
 from .base import Hit, Passage, Retriever, check_search_args, read_corpus, write_corpus
-from .bm25 import atomic_directory, top_k_with_ties
+from .index_files import atomic_directory, read_index_meta, top_k_with_ties
 
 INDEX_TYPES = ("flat", "hnsw", "ivfpq")
 _FORMAT = "capo-dense/1"
@@ -246,12 +246,7 @@ class DenseRetriever(Retriever):
         import faiss
 
         index_dir = Path(index_dir)
-        meta_path = index_dir / "meta.json"
-        if not meta_path.is_file():
-            raise FileNotFoundError(f"{index_dir} holds no saved dense index (no meta.json)")
-        meta = json.loads(meta_path.read_text())
-        if meta.get("format") != _FORMAT:
-            raise ValueError(f"{index_dir} is not a DenseRetriever index (format {meta.get('format')!r})")
+        meta = read_index_meta(index_dir, _FORMAT, "dense")
         index = faiss.read_index(str(index_dir / "index.faiss"))
         return cls(list(read_corpus(index_dir / "passages.jsonl")), index, meta["encoder"], meta["index_type"])
 
