@@ -12,11 +12,14 @@ import hashlib
 import io
 import json
 import threading
+import dataclasses
 import urllib.parse
 import zipfile
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from data_prep import sources
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -273,3 +276,46 @@ def _handler(server: FileServer) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
     return Handler
+
+
+MUSIQUE_DRIVE_ID = "1tGdADlNjWFaHLeZZGShh2IRcpO6Lv24h"
+
+
+def url_path(url: str) -> str:
+    return urllib.parse.urlsplit(url).path
+
+
+def serve(server: FileServer, files: dict[str, dict[str, bytes]], monkeypatch) -> None:
+    """Serve every file (MuSiQue through the Drive warning page) and pin the sources to these bytes."""
+    for name, by_path in files.items():
+        pinned = []
+        for remote in sources.SOURCES[name]:
+            path = url_path(remote.url)
+            data = by_path[path]
+            if path == "/uc":
+                server.drive[MUSIQUE_DRIVE_ID] = data
+            else:
+                server.add(path, data)
+            pinned.append(dataclasses.replace(remote, sha256=sha256_bytes(data), size=len(data), members={}))
+        monkeypatch.setitem(sources.SOURCES, name, tuple(pinned))
+
+
+def shared_files(tmp: Path) -> dict[str, dict[str, bytes]]:
+    """The samples repackaged as the releases: MuSiQue arrays become JSONL lines, as upstream ships."""
+    hotpot, wiki, mus = SHARED / "hotpotqa", SHARED / "2wikimultihopqa", SHARED / "musique"
+
+    def jsonl(path: Path) -> bytes:
+        return "".join(json.dumps(r) + "\n" for r in json.loads(path.read_text())).encode()
+
+    two = (wiki / "qa_sub.json").read_bytes()
+    return {
+        "hotpotqa": {"/datasets/hotpot/hotpot_train_v1.1.json": (hotpot / "hotpotqa_train.json").read_bytes(),
+                     "/datasets/hotpot/hotpot_dev_distractor_v1.json":
+                         (hotpot / "hotpot_dev_distractor_v1.first53.json").read_bytes()},
+        "2wiki": {"/s/ms2m13252h6xubs/data_ids_april7.zip":
+                  zip_bytes({"data_ids_april7/train.json": two, "data_ids_april7/dev.json": two})},
+        "musique": {"/uc": zip_bytes({"data/musique_ans_v1.0_train.jsonl": jsonl(mus / "musique_train.json"),
+                                      "data/musique_ans_v1.0_dev.jsonl": jsonl(mus / "musique_qa_100.json")})},
+        "wiki18": {"/datasets/PeterJinGo/wiki-18-corpus/resolve/main/wiki-18.jsonl.gz":
+                   gzip.compress((SHARED / "wiki_passages" / "sample_data.jsonl").read_bytes())},
+    }

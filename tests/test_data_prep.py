@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
 import os
-import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -31,6 +29,8 @@ from fixtures_official import (
     WIKI18,
     FileServer,
     hotpot_records,
+    serve,
+    shared_files,
     sha256_bytes,
     write_2wiki_zip,
     write_hotpotqa,
@@ -38,13 +38,6 @@ from fixtures_official import (
     write_wiki18_gz,
     zip_bytes,
 )
-
-MUSIQUE_DRIVE_ID = "1tGdADlNjWFaHLeZZGShh2IRcpO6Lv24h"
-
-
-def _path(url: str) -> str:
-    return urllib.parse.urlsplit(url).path
-
 
 def fixture_files(tmp: Path) -> dict[str, dict[str, bytes]]:
     """Per dataset: upstream URL path -> bytes, written in the official formats."""
@@ -57,21 +50,6 @@ def fixture_files(tmp: Path) -> dict[str, dict[str, bytes]]:
         "wiki18": {"/datasets/PeterJinGo/wiki-18-corpus/resolve/main/wiki-18.jsonl.gz":
                    write_wiki18_gz(tmp / "wiki-18.jsonl.gz").read_bytes()},
     }
-
-
-def serve(server: FileServer, files: dict[str, dict[str, bytes]], monkeypatch) -> None:
-    """Serve every file (MuSiQue through the Drive warning page) and pin the sources to these bytes."""
-    for name, by_path in files.items():
-        pinned = []
-        for remote in sources.SOURCES[name]:
-            path = _path(remote.url)
-            data = by_path[path]
-            if path == "/uc":
-                server.drive[MUSIQUE_DRIVE_ID] = data
-            else:
-                server.add(path, data)
-            pinned.append(dataclasses.replace(remote, sha256=sha256_bytes(data), size=len(data), members={}))
-        monkeypatch.setitem(sources.SOURCES, name, tuple(pinned))
 
 
 @pytest.fixture(autouse=True)
@@ -266,27 +244,6 @@ def test_source_table_is_complete():
 
 
 # --- the real samples of ../shared/data, served as the official releases ---------------------------------
-
-
-def shared_files(tmp: Path) -> dict[str, dict[str, bytes]]:
-    """The samples repackaged as the releases: MuSiQue arrays become JSONL lines, as upstream ships."""
-    hotpot, wiki, mus = SHARED / "hotpotqa", SHARED / "2wikimultihopqa", SHARED / "musique"
-
-    def jsonl(path: Path) -> bytes:
-        return "".join(json.dumps(r) + "\n" for r in json.loads(path.read_text())).encode()
-
-    two = (wiki / "qa_sub.json").read_bytes()
-    return {
-        "hotpotqa": {"/datasets/hotpot/hotpot_train_v1.1.json": (hotpot / "hotpotqa_train.json").read_bytes(),
-                     "/datasets/hotpot/hotpot_dev_distractor_v1.json":
-                         (hotpot / "hotpot_dev_distractor_v1.first53.json").read_bytes()},
-        "2wiki": {"/s/ms2m13252h6xubs/data_ids_april7.zip":
-                  zip_bytes({"data_ids_april7/train.json": two, "data_ids_april7/dev.json": two})},
-        "musique": {"/uc": zip_bytes({"data/musique_ans_v1.0_train.jsonl": jsonl(mus / "musique_train.json"),
-                                      "data/musique_ans_v1.0_dev.jsonl": jsonl(mus / "musique_qa_100.json")})},
-        "wiki18": {"/datasets/PeterJinGo/wiki-18-corpus/resolve/main/wiki-18.jsonl.gz":
-                   gzip.compress((SHARED / "wiki_passages" / "sample_data.jsonl").read_bytes())},
-    }
 
 
 @pytest.mark.shared
