@@ -1,0 +1,58 @@
+"""The generation interface the rollout talks to: token ids in, token ids and their log-probs out.
+
+The rollout never re-tokenises generated text (spec 1.9, "token-space consistency"): a backend returns the
+exact sampled ids, and the log-prob of each under the distribution it was sampled from. Those log-probs
+are the rollout's *old* log-probs, so a backend must compute them from the same logits it sampled from.
+
+Implementations:
+- :class:`capo_train.backends.hf.HFBackend`: a Hugging Face model in this process (the reference).
+- vLLM (later): ``LLM.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+  SamplingParams(temperature=..., max_tokens=..., stop=..., include_stop_str_in_output=True, logprobs=0,
+  seed=...))``; ``token_ids`` = ``output.token_ids``, ``logprobs`` from ``output.logprobs`` (with
+  ``logprobs_mode="processed_logprobs"`` when temperature != 1), ``finish_reason`` from ``output``
+  (``"stop"`` with a ``stop_reason`` string = a stop string, with ``None`` = EOS).
+- An OpenAI-compatible server (later): ``POST /v1/completions`` with ``prompt`` = the token ids,
+  ``logprobs=1`` and vLLM's ``return_tokens_as_token_ids=true``, so ids come back without re-tokenising.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+
+@dataclass
+class Generation:
+    """One generated action.
+
+    token_ids:     the sampled tokens, exactly as sampled (the EOS token included when it was sampled).
+    logprobs:      per token, log p(token | prefix) under the distribution it was sampled from:
+                   ``log_softmax(logits / temperature)``. At temperature 1 (the training default) this is
+                   the model's own log-prob, i.e. the old log-prob the losses need. Greedy decoding picks
+                   the argmax and still records ``log_softmax(logits / temperature)`` of it.
+    text:          ``tokenizer.decode(token_ids, skip_special_tokens=True)``: for the env only, never
+                   tokenised again.
+    finish_reason: ``"stop"`` (a stop string completed on the last token), ``"eos"`` or ``"length"``.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+
+
+class GenerationBackend(Protocol):
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        stop: Sequence[str],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        greedy: bool = False,
+        seed: int | None = None,
+    ) -> list[Generation]:
+        """One :class:`Generation` per prompt, in order. Each continuation ends at the first completed
+        stop string (the token that completes it is kept, nothing after it), at EOS, or after
+        ``max_new_tokens`` tokens. The same ``seed`` and inputs give the same output."""
+        ...

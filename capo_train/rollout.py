@@ -1,0 +1,303 @@
+"""Rollouts: drive text envs with a generation backend and record token-level trajectories.
+
+The trainer knows an env only through the contract (README): ``reset(options={"task_id": ...})`` and
+``info["protocol"]`` (``instructions``, ``stop_strings``), ``step(text)``, ``info["action_valid"]`` and
+``info["metrics"]``. Everything the model saw and wrote is kept as token ids (:mod:`capo_train.rows`).
+
+States (what the policy is conditioned on at step t) come from one of two builders:
+
+- :class:`ConcatState` (``state="concat"``): ``state_{t+1} = state_t + action_t + obs_t``, a growing chat.
+  Every state is a prefix of the later ones, so the ``packed`` row layout applies.
+- :class:`WindowState` (``state="window"``): the prompt is rebuilt each step from the task, the last
+  ``k`` (observation, action) pairs and the current observation, as the CAPO recipes do for ALFWorld and
+  WebShop (spec 1.1). Only the ``per_action`` layout applies.
+
+Both write text through :class:`ChatFormat`: the tokenizer's chat template when it has one, otherwise a
+plain ``User: ... / Assistant:`` format.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import gymnasium as gym
+
+from .backends.base import GenerationBackend
+from .rows import ActionRecord, Trajectory
+
+PLAIN_FIRST = "User: {obs}\nAssistant:"  # after "{system}\n\n" when there is a system prompt
+PLAIN_TURN = "\nUser: {obs}\nAssistant:"
+
+
+class ChatFormat:
+    """Token pieces of a conversation: the first state, and the tokens that follow an action.
+
+    With a chat template, the pieces are differences of templated token lists of a small reference chat,
+    so that ``first(system, o0) + a0 + next_turn(a0, o1) + a1 + ...`` equals templating the whole
+    conversation whenever the action ids are the tokenisation of their text and the template does not
+    rewrite earlier turns (Qwen3's template, for one, drops old ``<think>`` blocks; the concatenated
+    state then stays what the model actually saw, which is what matters for training):
+
+    - ``close``: what ends an assistant turn (e.g. ``<|im_end|>\\n``), from the templated reference chat
+      minus the same chat with its last message left open (``continue_final_message``).
+    - a user turn with the observation, plus the next assistant header: templated chat with the user
+      message and generation prompt, minus the chat without them.
+
+    If the action already ends with the first close token (the model sampled its end-of-turn EOS), that
+    token is not repeated. Without a chat template: ``bos + "{system}\\n\\nUser: {obs}\\nAssistant:"``, then
+    ``"\\nUser: {obs}\\nAssistant:"`` after each action (the action's EOS, if sampled, stays in the state).
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.templated = getattr(tokenizer, "chat_template", None) is not None
+        self.close: list[int] = []
+        if self.templated:
+            self._ref = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+            self._ref_ids = self._template(self._ref)
+            self.close = _suffix(self._ref_ids, self._template(self._ref, continue_final_message=True), "a closed turn")
+
+    def _template(self, messages: list[dict[str, str]], **kwargs: Any) -> list[int]:
+        return list(self.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False, **kwargs))
+
+    def first(self, system: str, obs: str) -> list[int]:
+        """The first state: system prompt, first observation, assistant header."""
+        if self.templated:
+            messages = [{"role": "system", "content": system}] if system else []
+            return self._template(messages + [{"role": "user", "content": obs}], add_generation_prompt=True)
+        bos = [self.tokenizer.bos_token_id] if self.tokenizer.bos_token_id is not None else []
+        text = (f"{system}\n\n" if system else "") + PLAIN_FIRST.format(obs=obs)
+        return bos + self.tokenizer.encode(text, add_special_tokens=False)
+
+    def next_turn(self, action_ids: Sequence[int], obs: str) -> list[int]:
+        """Tokens between an action and the next one: end of the assistant turn, user turn, header."""
+        if not self.templated:
+            return self.tokenizer.encode(PLAIN_TURN.format(obs=obs), add_special_tokens=False)
+        full = self._template(self._ref + [{"role": "user", "content": obs}], add_generation_prompt=True)
+        turn = _suffix(full, self._ref_ids, "a user turn")
+        closed_by_model = bool(self.close) and bool(action_ids) and action_ids[-1] == self.close[0]
+        return (self.close[1:] if closed_by_model else self.close) + turn
+
+
+def _suffix(full: list[int], prefix: list[int], what: str) -> list[int]:
+    if full[: len(prefix)] != prefix:
+        raise ValueError(
+            f"the chat template does not extend a conversation token by token when adding {what}; "
+            "concatenated states cannot be built from it (use a tokenizer without a chat template, or fix it)"
+        )
+    return full[len(prefix) :]
+
+
+class ConcatState:
+    """``state_{t+1} = state_t + action_ids_t + obs_ids_t``; the first state is ``fmt.first(system, obs0)``."""
+
+    def __init__(self, fmt: ChatFormat, system: str, first_obs: str):
+        self.fmt = fmt
+        self.ids = fmt.first(system, first_obs)
+
+    def prompt(self) -> list[int]:
+        return self.ids
+
+    def advance(self, action_ids: list[int], action_text: str, obs: str) -> list[int]:
+        """Append an action and the observation that followed; return the observation's tokens."""
+        obs_ids = self.fmt.next_turn(action_ids, obs)
+        self.ids = self.ids + action_ids + obs_ids
+        return obs_ids
+
+
+class WindowState:
+    """A prompt rebuilt every step: the task (first observation), the last ``k`` (observation, action)
+    pairs, the current observation, in one user message after the system prompt.
+
+    The history's actions appear as their decoded text: they are part of a state here, not the action
+    being trained, so re-tokenising them is harmless. ``advance`` still returns the observation's chat
+    tokens, so records look the same in both modes.
+    """
+
+    def __init__(self, fmt: ChatFormat, system: str, first_obs: str, k: int):
+        if k < 0:
+            raise ValueError(f"window must be >= 0, got {k}")
+        self.fmt, self.system, self.task, self.k = fmt, system, first_obs, k
+        self.history: list[tuple[str, str]] = []  # (observation before the action, action text)
+        self.current = first_obs
+
+    def prompt(self) -> list[int]:
+        return self.fmt.first(self.system, self.text())
+
+    def text(self) -> str:
+        """The user message. Step 1's observation is the task itself, so it is not repeated."""
+        if not self.history:
+            return self.task
+        parts = [f"Task:\n{self.task}"]
+        for i in range(max(0, len(self.history) - self.k), len(self.history)):
+            observation, action = self.history[i]
+            if i > 0:
+                parts.append(f"Step {i + 1} observation:\n{observation}")
+            parts.append(f"Step {i + 1} action:\n{action}")
+        parts.append(f"Current observation (step {len(self.history) + 1}):\n{self.current}")
+        return "\n\n".join(parts)
+
+    def advance(self, action_ids: list[int], action_text: str, obs: str) -> list[int]:
+        self.history.append((self.current, action_text))
+        self.current = obs
+        return self.fmt.next_turn(action_ids, obs)
+
+
+@dataclass
+class _Episode:
+    env: gym.Env
+    traj: Trajectory
+    state: ConcatState | WindowState
+    stop: tuple[str, ...]
+    obs: str  # the observation the next action answers (its anchor)
+
+
+def collect(
+    envs: Sequence[gym.Env] | Callable[[], gym.Env],
+    backend: GenerationBackend,
+    tokenizer,
+    *,
+    tasks_per_batch: int,
+    group_size: int,
+    max_action_tokens: int,
+    max_prompt_tokens: int,
+    state: str = "concat",
+    window: int = 2,
+    temperature: float = 1.0,
+    greedy: bool = False,
+    seed: int | None = None,
+    task_ids: Sequence[str] | None = None,
+    instructions: str = "",
+) -> list[Trajectory]:
+    """Run ``tasks_per_batch x group_size`` episodes and return their trajectories (in episode order).
+
+    Episodes run in lockstep: each turn, one batched ``backend.generate`` call (per distinct set of stop
+    strings) serves every live episode. With a list of envs, ``len(envs)`` episodes run at a time (in waves
+    when there are more episodes); a factory is called once per episode and its envs closed afterwards.
+
+    Tasks: ``task_ids`` if given (one per group), else ``tasks_per_batch`` distinct ids drawn with a
+    ``seed``-ed RNG from ``envs[0].unwrapped.task_ids()``. The ``group_size`` episodes of a group reset
+    to the same task (``options={"task_id": ...}``) and share ``group_id``.
+
+    The system prompt is the protocol's ``instructions`` from the reset info, then ``instructions`` (task
+    instructions from the trainer's config) if any. A state longer than ``max_prompt_tokens`` ends its
+    episode before generating: ``truncated=True``, ``metrics={}`` (the env never reported any) and the last
+    recorded action gets ``obs_ids=[]``; an episode cut before its first action has no actions at all.
+    ``temperature``/``greedy``/``seed`` go to the backend; each generate call gets its own seed drawn from
+    the RNG, so a run is reproducible given ``seed``.
+    """
+    if state not in ("concat", "window"):
+        raise ValueError(f"state must be 'concat' or 'window', got {state!r}")
+    rng = random.Random(seed)
+    n_episodes = tasks_per_batch * group_size
+    own_envs = callable(envs)
+    pool = [envs() for _ in range(n_episodes)] if own_envs else list(envs)
+    if not pool:
+        raise ValueError("no envs given")
+    if task_ids is None:
+        all_ids = list(pool[0].unwrapped.task_ids())
+        if len(all_ids) >= tasks_per_batch:
+            task_ids = rng.sample(all_ids, tasks_per_batch)
+        else:
+            task_ids = rng.choices(all_ids, k=tasks_per_batch)
+    if len(task_ids) != tasks_per_batch:
+        raise ValueError(f"got {len(task_ids)} task_ids for tasks_per_batch={tasks_per_batch}")
+
+    fmt = ChatFormat(tokenizer)
+    trajectories: list[Trajectory] = []
+    try:
+        for wave in range(0, n_episodes, len(pool)):
+            live = []
+            for slot, e in enumerate(range(wave, min(wave + len(pool), n_episodes))):
+                env, group = pool[slot], e // group_size
+                obs, info = env.reset(seed=rng.randrange(2**31), options={"task_id": task_ids[group]})
+                protocol = info["protocol"]
+                system = protocol["instructions"] + (f"\n\n{instructions}" if instructions else "")
+                builder = ConcatState(fmt, system, obs) if state == "concat" else WindowState(fmt, system, obs, window)
+                traj = Trajectory(e, str(task_ids[group]), group, [], False, False, {}, [])
+                trajectories.append(traj)
+                live.append(_Episode(env, traj, builder, tuple(protocol["stop_strings"]), obs))
+            while live:
+                live = _turn(live, backend, rng, max_action_tokens, max_prompt_tokens, temperature, greedy, seed)
+    finally:
+        if own_envs:
+            for env in pool:
+                env.close()
+    return trajectories
+
+
+def _turn(live, backend, rng, max_action_tokens, max_prompt_tokens, temperature, greedy, seed) -> list[_Episode]:
+    """One action for every live episode; returns the episodes still running."""
+    by_stop: dict[tuple[str, ...], list[tuple[_Episode, list[int]]]] = defaultdict(list)
+    for ep in live:
+        prompt = ep.state.prompt()
+        if len(prompt) > max_prompt_tokens:  # over the prompt budget: cut (see collect's doc)
+            ep.traj.truncated = True
+            if ep.traj.actions:
+                ep.traj.actions[-1].obs_ids = []
+            continue
+        by_stop[ep.stop].append((ep, prompt))
+
+    still: list[_Episode] = []
+    for stop, items in by_stop.items():
+        generations = backend.generate(
+            [prompt for _, prompt in items],
+            stop=list(stop),
+            max_new_tokens=max_action_tokens,
+            temperature=temperature,
+            greedy=greedy,
+            seed=rng.randrange(2**31) if seed is not None else None,
+        )
+        for (ep, prompt), gen in zip(items, generations):
+            obs, reward, terminated, truncated, info = ep.env.step(gen.text)
+            record = ActionRecord(prompt, gen.token_ids, gen.logprobs, float(reward), bool(info["action_valid"]), [])
+            ep.traj.actions.append(record)
+            ep.traj.anchors.append(ep.obs)
+            if terminated or truncated:
+                ep.traj.terminated, ep.traj.truncated = bool(terminated), bool(truncated)
+                ep.traj.metrics = {k: float(v) for k, v in info.get("metrics", {}).items()}
+            else:
+                record.obs_ids = ep.state.advance(gen.token_ids, gen.text, obs)
+                ep.obs = obs
+                still.append(ep)
+    return still
+
+
+def rollout_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Summary numbers for logging.
+
+    ``success`` is the mean over episodes of ``metrics["success"]`` (else ``metrics["em"]``), present
+    when some episode reports one; an episode cut by the prompt budget (no metrics) counts as 0.
+    Action lengths are in tokens; percentiles are nearest-rank.
+    """
+    n = len(trajectories)
+    if n == 0:
+        return {"episodes": 0.0}
+    actions = [a for t in trajectories for a in t.actions]
+    lengths = sorted(len(a.action_ids) for a in actions)
+    stats = {
+        "episodes": float(n),
+        "reward_mean": sum(sum(a.reward for a in t.actions) for t in trajectories) / n,
+        "actions_per_episode": len(actions) / n,
+        "invalid_action_rate": sum(not a.action_valid for a in actions) / max(len(actions), 1),
+        "terminated_rate": sum(t.terminated for t in trajectories) / n,
+        "truncated_rate": sum(t.truncated for t in trajectories) / n,
+        "tokens_generated": float(sum(lengths)),
+        "prompt_tokens_max": float(max((len(a.prompt_ids) for a in actions), default=0)),
+    }
+    if lengths:
+        stats |= {
+            "action_tokens_mean": sum(lengths) / len(lengths),
+            "action_tokens_p50": float(lengths[math.ceil(0.5 * len(lengths)) - 1]),
+            "action_tokens_p90": float(lengths[math.ceil(0.9 * len(lengths)) - 1]),
+            "action_tokens_max": float(lengths[-1]),
+        }
+    for key in ("success", "em"):
+        if any(key in t.metrics for t in trajectories):
+            stats["success"] = sum(t.metrics.get(key, 0.0) for t in trajectories) / n
+            break
+    return stats
