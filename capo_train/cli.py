@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Sequence
 
@@ -69,13 +70,46 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_config(args: argparse.Namespace):
+    from .config import ConfigError, load_config
+
+    overrides = list(args.overrides)
+    for flag, key in (("algo", "algo"), ("env", "env.id"), ("model", "model.path"), ("out", "out_dir")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    try:
+        return load_config(args.config, overrides)
+    except (ConfigError, FileNotFoundError) as e:
+        raise SystemExit(f"capo: {e}") from None
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
-    print(
-        "capo train is not implemented yet (issue 3: the CAPO trainer). "
-        "Until it lands, `capo demo` runs the SynthHop expert end to end.",
-        file=sys.stderr,
-    )
-    return 2
+    from .trainer import train
+
+    config = _train_config(args)
+    if args.sft_only:
+        config.iterations = 0
+    summary = train(config, resume=args.resume)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from .config import EnvConfig, TrainConfig
+    from .models import load_checkpoint
+    from .trainer import evaluate, make_envs
+
+    config = TrainConfig(env=EnvConfig(id=args.env, kwargs=parse_key_values(args.env_kwargs)))
+    config.env.eval_split = args.split
+    model, tokenizer = load_checkpoint(args.checkpoint)
+    envs = make_envs(config, args.split, min(args.episodes, 16))
+    try:
+        print(json.dumps(evaluate(model, tokenizer, config, envs, args.episodes), indent=2))
+    finally:
+        for env in envs:
+            env.close()
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,8 +127,27 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("env_kwargs", nargs="*", metavar="key=value", help="keyword arguments for gym.make")
     demo.set_defaults(func=_cmd_demo)
 
-    train = sub.add_parser("train", help="train a policy with CAPO or a baseline (coming with issue 3)")
-    train.set_defaults(func=_cmd_train)
+    for name, help_text in (
+        ("train", "train a policy with CAPO or a baseline (no arguments: the embedded default run)"),
+        ("sft", "only the warm start: behaviour-clone the env's expert and save the checkpoint"),
+    ):
+        train = sub.add_parser(name, help=help_text)
+        train.add_argument("--config", help="a YAML file of config keys (see capo_train/config.py)")
+        train.add_argument("--algo", help="capo, ppo, grpo, rloo, reinforce_pp, gspo, gigpo, ...")
+        train.add_argument("--env", help="an env id, e.g. capo/SynthHop-v0")
+        train.add_argument("--model", help="a local Hugging Face model dir, or 'smollm2'")
+        train.add_argument("--out", help="output folder (checkpoint, logs, plots)")
+        train.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+        train.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. rollout.tasks_per_batch=4")
+        train.set_defaults(func=_cmd_train, sft_only=name == "sft")
+
+    evaluate = sub.add_parser("eval", help="greedy evaluation of a checkpoint on an env's held-out split")
+    evaluate.add_argument("--checkpoint", required=True)
+    evaluate.add_argument("--env", default="capo/SynthHop-v0")
+    evaluate.add_argument("--split", default="test")
+    evaluate.add_argument("--episodes", type=int, default=100)
+    evaluate.add_argument("env_kwargs", nargs="*", metavar="key=value")
+    evaluate.set_defaults(func=_cmd_eval)
 
     # These two hand their arguments to modules with their own parsers.
     sub.add_parser("data", help="download and prepare datasets: capo data prepare|list|verify ...", add_help=False)

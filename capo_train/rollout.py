@@ -187,6 +187,8 @@ def collect(
     instructions from the trainer's config) if any. A state longer than ``max_prompt_tokens`` ends its
     episode before generating: ``truncated=True``, ``metrics={}`` (the env never reported any) and the last
     recorded action gets ``obs_ids=[]``; an episode cut before its first action has no actions at all.
+    An episode the env truncates records the state it stopped in as ``final_prompt_ids`` (unless that is
+    over the prompt budget too) so the critic can bootstrap; a cut one has none.
     ``temperature``/``greedy``/``seed`` go to the backend; each generate call gets its own seed drawn from
     the RNG, so a run is reproducible given ``seed``.
     """
@@ -260,6 +262,10 @@ def _turn(live, backend, rng, max_action_tokens, max_prompt_tokens, temperature,
             if terminated or truncated:
                 ep.traj.terminated, ep.traj.truncated = bool(terminated), bool(truncated)
                 ep.traj.metrics = {k: float(v) for k, v in info.get("metrics", {}).items()}
+                if truncated:  # the state the episode stopped in, for bootstrapping; obs_ids stays []
+                    ep.state.advance(gen.token_ids, gen.text, obs)
+                    final = ep.state.prompt()
+                    ep.traj.final_prompt_ids = final if len(final) <= max_prompt_tokens else []
             else:
                 record.obs_ids = ep.state.advance(gen.token_ids, gen.text, obs)
                 ep.obs = obs

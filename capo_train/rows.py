@@ -18,7 +18,7 @@ the longest action): :func:`gather_actions` takes per-position model outputs ``[
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Iterator
 
 import torch
@@ -54,7 +54,9 @@ class Trajectory:
     """One episode. ``group_id`` is shared by the G rollouts of one task; ``anchors[t]`` is the observation
     text the policy saw before action t (GiGPO's anchor state). At the end of an episode exactly one of
     ``terminated`` (the env said the task ended) and ``truncated`` (a step, context or prompt budget ran
-    out) is True. ``metrics`` are the env's end-of-episode metrics ({} when the rollout cut the episode)."""
+    out) is True. ``metrics`` are the env's end-of-episode metrics ({} when the rollout cut the episode).
+    ``final_prompt_ids``: when the env truncated the episode, the state after the last action (what the
+    next action would have been sampled from), so a critic can bootstrap V(s_{T+1}); [] otherwise."""
 
     traj_id: int
     task_id: str
@@ -64,6 +66,7 @@ class Trajectory:
     truncated: bool
     metrics: dict[str, float]
     anchors: list[str]
+    final_prompt_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -88,6 +91,8 @@ class RowBatch:
     terminated     [A] bool      the action's trajectory terminated.
     anchor         [A] long      anchor observation, interned to ints (equal strings, equal ids).
     action_valid   [A] bool      the env parsed the action.
+    action_id      [A] long      the action's index in the batch build_rows made; kept by minibatches, so
+                                 per-action targets computed on the whole batch can be indexed with it.
     """
 
     input_ids: Tensor
@@ -105,6 +110,7 @@ class RowBatch:
     terminated: Tensor
     anchor: Tensor
     action_valid: Tensor
+    action_id: Tensor
 
     @property
     def num_rows(self) -> int:
@@ -144,9 +150,7 @@ def _row_spans(traj: Trajectory, layout: str) -> list[tuple[list[int], list[int]
     return [(last.prompt_ids + last.action_ids, [len(a.prompt_ids) for a in acts])]
 
 
-def build_rows(
-    trajectories: list[Trajectory], layout: str, pad_id: int, max_tokens: int | None = None
-) -> RowBatch:
+def build_rows(trajectories: list[Trajectory], layout: str, pad_id: int, max_tokens: int | None = None) -> RowBatch:
     """Lay ``trajectories`` out as a :class:`RowBatch` (see the module doc for the layouts).
 
     Trajectories without actions (cut before their first action) give no rows. A row longer than
@@ -163,7 +167,9 @@ def build_rows(
             raise ValueError(f"trajectory {traj.traj_id}: {len(traj.anchors)} anchors for {len(traj.actions)} actions")
         for ids, starts in _row_spans(traj, layout):
             if max_tokens is not None and len(ids) > max_tokens:
-                raise ValueError(f"trajectory {traj.traj_id}: a row of {len(ids)} tokens exceeds max_tokens={max_tokens}")
+                raise ValueError(
+                    f"trajectory {traj.traj_id}: a row of {len(ids)} tokens exceeds max_tokens={max_tokens}"
+                )
             rows.append(ids)
             row_action_starts.append(starts)
         actions += [(i, t, traj, a) for t, a in enumerate(traj.actions)]
@@ -212,6 +218,7 @@ def build_rows(
             [interned.setdefault(tr.anchors[t], len(interned)) for _, t, tr, _ in actions], dtype=torch.long
         ),
         action_valid=torch.tensor([a.action_valid for *_, a in actions], dtype=torch.bool),
+        action_id=torch.arange(A),
     )
 
 

@@ -48,7 +48,9 @@ def make_tokenizer(chat_template: str | None = CHATML) -> PreTrainedTokenizerFas
     return fast
 
 
-def make_model(tokenizer, seed: int = 0) -> LlamaForCausalLM:
+def make_model(tokenizer, seed: int = 0, eos_bias: float = 0.0) -> LlamaForCausalLM:
+    """A random 2-layer Llama. ``eos_bias`` > 0 adds a bias to the EOS logit, so actions of many lengths,
+    some ended by EOS, come out of sampling."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -60,7 +62,15 @@ def make_model(tokenizer, seed: int = 0) -> LlamaForCausalLM:
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
     )
-    return LlamaForCausalLM(config).eval()
+    model = LlamaForCausalLM(config).eval()
+    if eos_bias:
+        head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=True)
+        with torch.no_grad():
+            head.weight.copy_(model.lm_head.weight)
+            head.bias.zero_()
+            head.bias[tokenizer.eos_token_id] = eos_bias
+        model.lm_head = head
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +80,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def model(tokenizer):
-    return make_model(tokenizer)
+    return make_model(tokenizer, eos_bias=4.0)
 
 
 def fresh_logprobs(model, prompt: list[int], action: list[int], temperature: float = 1.0) -> torch.Tensor:
@@ -105,7 +115,9 @@ def test_concat_pieces_equal_the_templated_conversation(tokenizer):
     ]
     whole = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     assert state.prompt() == list(whole)
-    assert tokenizer.decode(obs0_ids) == "\n<|im_start|>user\nPassage one.\n\nPassage two.<|im_end|>\n<|im_start|>assistant\n"
+    assert tokenizer.decode(obs0_ids) == (
+        "\n<|im_start|>user\nPassage one.\n\nPassage two.<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert tokenizer.decode(obs1_ids) == "<|im_end|>\n<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -165,9 +177,8 @@ def test_backend_stops_at_stop_string_eos_and_length(tokenizer):
     ids = free.token_ids
 
     # a stop string: the text of a printable token; generation ends on the token that first completes it
-    k = next(i for i in range(1, len(ids)) if tokenizer.decode(ids[i : i + 1]).strip().isascii()
-             and tokenizer.decode(ids[i : i + 1]).strip())
-    stop = tokenizer.decode(ids[k : k + 1]).strip()
+    texts = [tokenizer.decode([t]).strip() for t in ids]
+    stop = next(text for text in texts[1:] if text and text.isascii())
     j = next(j for j in range(len(ids)) if stop in tokenizer.decode(ids[: j + 1]))
     gen = HFBackend(model, tokenizer).generate(prompt, stop=[stop, "never"], max_new_tokens=12, greedy=True)[0]
     assert (gen.token_ids, gen.finish_reason) == (ids[: j + 1], "stop")
@@ -188,7 +199,7 @@ def envs():
 
 
 def run(envs, model, tokenizer, **kwargs):
-    args = dict(tasks_per_batch=2, group_size=2, max_action_tokens=16, max_prompt_tokens=2048, seed=0)
+    args = {"tasks_per_batch": 2, "group_size": 2, "max_action_tokens": 16, "max_prompt_tokens": 2048, "seed": 0}
     return collect(envs, HFBackend(model, tokenizer, batch_size=8), tokenizer, **(args | kwargs))
 
 
@@ -222,9 +233,20 @@ def test_concat_rollout_invariants(concat_trajectories, envs, model, tokenizer):
         for t, (a, nxt) in enumerate(zip(traj.actions, traj.actions[1:])):
             assert nxt.prompt_ids == a.prompt_ids + a.action_ids + a.obs_ids  # prefix property
             assert traj.anchors[t + 1] in tokenizer.decode(a.obs_ids)  # the observation that followed
-        assert traj.actions[-1].obs_ids == []
+        last = traj.actions[-1]
+        assert last.obs_ids == []
+        if traj.truncated:  # by the env's step budget: the state it stopped in, for bootstrapping
+            head = last.prompt_ids + last.action_ids
+            assert traj.final_prompt_ids[: len(head)] == head and len(traj.final_prompt_ids) > len(head)
+            assert tokenizer.decode(traj.final_prompt_ids).endswith("<|im_start|>assistant\n")
+        else:
+            assert traj.final_prompt_ids == []
         for a in traj.actions:
             assert len(a.old_logprobs) == len(a.action_ids) <= 16
+        for a in traj.actions[:-1]:  # <|im_end|> closes each turn exactly once, by the model or by obs_ids
+            assert (a.action_ids[-1] == tokenizer.eos_token_id) != (a.obs_ids[0] == tokenizer.eos_token_id)
+    lengths = {len(a.action_ids) for t in trajs for a in t.actions}
+    assert len(lengths) > 1 and any(a.action_ids[-1] == tokenizer.eos_token_id for t in trajs for a in t.actions)
 
     per_action, logp = assert_old_logprobs_match_a_fresh_forward(trajs, model, tokenizer)
     packed = build_rows(trajs, "packed", pad_id=tokenizer.pad_token_id)
@@ -237,11 +259,16 @@ def test_concat_rollout_invariants(concat_trajectories, envs, model, tokenizer):
 
 def test_rollout_is_reproducible(concat_trajectories, envs, model, tokenizer):
     again = run(envs, model, tokenizer)
-    assert [[a.action_ids for a in t.actions] for t in again] == [[a.action_ids for a in t.actions] for t in concat_trajectories]
+
+    def ids(trajs):
+        return [[a.action_ids for a in t.actions] for t in trajs]
+
+    assert ids(again) == ids(concat_trajectories)
 
 
 def test_window_rollout(envs, model, tokenizer):
-    trajs = run(envs, model, tokenizer, state="window", window=1, task_ids=["synthhop-0-train-3", "synthhop-0-train-5"])
+    tasks = ["synthhop-0-train-3", "synthhop-0-train-5"]
+    trajs = run(envs[:3], model, tokenizer, state="window", window=1, task_ids=tasks)  # 4 episodes, 2 waves
     assert [t.task_id for t in trajs] == ["synthhop-0-train-3"] * 2 + ["synthhop-0-train-5"] * 2
     assert_old_logprobs_match_a_fresh_forward(trajs, model, tokenizer)
     long = next(t for t in trajs if len(t.actions) >= 2)
@@ -255,9 +282,9 @@ def test_prompt_budget_truncates(concat_trajectories, envs, model, tokenizer):
     first = len(concat_trajectories[0].actions[0].prompt_ids)
     trajs = run(envs, model, tokenizer, max_prompt_tokens=first)  # room for the first state only
     for traj in trajs:
-        assert traj.truncated and not traj.terminated and traj.metrics == {}
+        assert traj.truncated and not traj.terminated and traj.metrics == {} and traj.final_prompt_ids == []
         assert len(traj.actions) == 1 and traj.actions[0].obs_ids == []
-    cut = run(envs, model, tokenizer, max_prompt_tokens=10)
+    cut = run(lambda: gym.make("capo/SynthHop-v0", size="tiny"), model, tokenizer, max_prompt_tokens=10)
     assert all(t.truncated and t.actions == [] for t in cut)
     assert build_rows(cut + trajs, "packed", pad_id=0).num_rows == 4
 

@@ -95,6 +95,7 @@ def _check_per_action_fields(b):
     assert b.truncated.tolist() == [False, False, False, True]
     assert b.anchor.tolist() == [0, 1, 1, 2]
     assert b.action_valid.tolist() == [True, False, True, True]
+    assert b.action_id.tolist() == [0, 1, 2, 3]
     # gathering the ids themselves returns each action's tokens, left-aligned, 0 on padding
     assert gather_actions(b.input_ids, b).tolist() == [[10, 11, 0], [12, 0, 0], [13, 14, 15], [30, 0, 0]]
 
@@ -142,7 +143,9 @@ def test_token_logprobs_alignment():
 @pytest.mark.parametrize("layout", ["per_action", "packed"])
 def test_minibatches_keep_actions_with_their_rows(layout):
     trajs = golden_trajectories() + [
-        Trajectory(9, "b", 1, [rec([6, 7], [31, 32], [40]), rec([6, 7, 31, 32, 40], [33], [])], True, False, {}, ["p", "q"])
+        Trajectory(
+            9, "b", 1, [rec([6, 7], [31, 32], [40]), rec([6, 7, 31, 32, 40], [33], [])], True, False, {}, ["p", "q"]
+        )
     ]
     full = build_rows(trajs, layout, pad_id=PAD)
     seen = []
@@ -154,6 +157,9 @@ def test_minibatches_keep_actions_with_their_rows(layout):
             assert (mb.action_index[r, start : start + n] == a).all()
         assert int((mb.action_index >= 0).sum()) == int(mb.action_mask.sum())
         assert mb.input_ids.shape[1] == int(mb.attention_mask.sum(1).max())  # trimmed
+        L = mb.action_mask.shape[1]
+        assert torch.equal(full.old_logp[mb.action_id, :L], mb.old_logp)  # action_id points into the full batch
+        assert torch.equal(full.step_index[mb.action_id], mb.step_index)
         seen += [
             (t, s, tuple(ids[:n]), tuple(lp[:n]))
             for t, s, ids, lp, n in zip(
@@ -179,6 +185,7 @@ def test_minibatches_keep_actions_with_their_rows(layout):
 
 def _random_concat_trajectories(vocab: int, gen: torch.Generator) -> list[Trajectory]:
     """Three trajectories of 1-4 actions with random ids, concatenated states, some empty observations."""
+
     def ids(lo, hi):
         return torch.randint(3, vocab, (int(torch.randint(lo, hi, (1,), generator=gen)),), generator=gen).tolist()
 

@@ -146,7 +146,7 @@ class TextEnv(gym.Env[str, str]):
             outcome = self._act(parsed.action)
         else:
             self._invalid_actions += 1
-            outcome = Outcome(self.protocol.feedback(parsed.error), reward=-self.invalid_penalty)
+            outcome = Outcome(self.protocol.feedback(parsed.error), reward=0.0 - self.invalid_penalty)
         observation = self._fit(outcome.observation)
         self._context_chars += len(observation) + (len(action) if isinstance(action, str) else 0)
 

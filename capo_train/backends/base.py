@@ -29,7 +29,8 @@ class Generation:
     logprobs:      per token, log p(token | prefix) under the distribution it was sampled from:
                    ``log_softmax(logits / temperature)``. At temperature 1 (the training default) this is
                    the model's own log-prob, i.e. the old log-prob the losses need. Greedy decoding picks
-                   the argmax and still records ``log_softmax(logits / temperature)`` of it.
+                   the argmax and still records ``log_softmax(logits / temperature)`` of it (T=1 when
+                   greedy is asked for with temperature 0).
     text:          ``tokenizer.decode(token_ids, skip_special_tokens=True)``: for the env only, never
                    tokenised again.
     finish_reason: ``"stop"`` (a stop string completed on the last token), ``"eos"`` or ``"length"``.

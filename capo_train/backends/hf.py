@@ -36,7 +36,8 @@ class HFBackend:
         self.pad_id = pad if pad is not None else min(self.eos_ids, default=0)  # masked out anyway
         # transformers >= 5.2x names the KV cache argument and output ``cache``; older versions
         # ``past_key_values``.
-        params = inspect.signature(model.forward).parameters
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a peft wrapper
+        params = inspect.signature(inner.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     @property
@@ -55,8 +56,10 @@ class HFBackend:
     ) -> list[Generation]:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if temperature <= 0:
+        if temperature <= 0 and not greedy:
             raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {temperature}")
+        if temperature <= 0:  # greedy with T=0: record the model's own (T=1) log-probs
+            temperature = 1.0
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         generator = None

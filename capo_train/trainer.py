@@ -1,0 +1,568 @@
+"""The RL loop, one iteration at a time: rollout -> rows -> advantages -> critic -> actor.
+
+Read it top to bottom: ``train`` builds everything, then each ``iteration``
+
+1. collects ``tasks_per_batch x group_size`` episodes with the current policy (``rollout.collect``),
+2. lays them out as rows (``rows.build_rows``: packed or one row per action),
+3. scores the rows without gradient (critic values at the action boundaries, reference log-probs when a
+   KL term is on; the rollout's own log-probs serve as the old ones),
+4. runs the algorithm's estimator on per-action tensors (``algorithms``),
+5. updates the critic, then the actor, on mini-batches of rows.
+
+Randomness is derived from ``(seed, iteration)`` alone, so a run resumed from a checkpoint repeats the
+iterations an uninterrupted run would have made.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import random
+import shutil
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+from .algorithms import ALGORITHMS, Algorithm, StepBatch, kl_loss, token_value_loss, value_loss
+from .algorithms.losses import action_log_ratio, entropy_loss
+from .backends.hf import HFBackend
+from .config import TrainConfig, to_dict
+from .models import (
+    ActorCritic,
+    LoraSettings,
+    build_actor_critic,
+    evaluating,
+    load_checkpoint,
+    load_reference,
+    reference_logp,
+)
+from .models import save_checkpoint as save_models
+from .rollout import collect, rollout_stats
+from .rows import RowBatch, Trajectory, build_rows, gather_actions, minibatches
+
+LENGTH_BUCKETS = (8, 16, 32, 64)  # action-length buckets (tokens) for the ratio-spread diagnostic
+CHECKPOINT = "checkpoint"
+
+
+# ----------------------------------------------------------------------------- set-up
+
+
+def resolve_model_path(path: str) -> str:
+    if path == "smollm2":
+        from .smollm2 import ensure_smollm2
+
+        return str(ensure_smollm2())
+    return path
+
+
+def algorithm_settings(config: TrainConfig) -> tuple[Algorithm, dict[str, Any]]:
+    """The algorithm and its hyperparameters: registry defaults updated by ``algo_overrides``."""
+    algo = ALGORITHMS[config.algo]
+    known = set(algo.defaults) | set(inspect.signature(algo.estimator).parameters)
+    known |= set(inspect.signature(algo.policy_loss).parameters)
+    unknown = set(config.algo_overrides) - known
+    if unknown:
+        raise ValueError(f"{config.algo}: unknown algo_overrides {sorted(unknown)}; known: {sorted(known)}")
+    return algo, {**algo.defaults, **config.algo_overrides}
+
+
+def accepted_by(algo: Algorithm, fn, overrides: dict) -> dict:
+    """The overrides meant for ``fn`` (the estimator or the policy loss): registry keys or its own parameters."""
+    params = inspect.signature(fn).parameters
+    return {k: v for k, v in overrides.items() if k in algo.defaults or k in params}
+
+
+def group_size(config: TrainConfig, settings: dict) -> int:
+    return config.rollout.group_size or int(settings.get("group_size", 1))
+
+
+def build_model(config: TrainConfig, algo: Algorithm) -> tuple[ActorCritic, Any]:
+    lora = LoraSettings(r=config.model.lora_r, alpha=config.model.lora_alpha) if config.model.lora else None
+    return build_actor_critic(
+        resolve_model_path(config.model.path),
+        critic=config.model.critic if algo.needs_critic else None,
+        dtype=getattr(torch, config.model.dtype),
+        lora=lora,
+        gradient_checkpointing=config.model.gradient_checkpointing,
+    )
+
+
+def make_envs(config: TrainConfig, split: str, count: int) -> list[gym.Env]:
+    import capo_envs  # noqa: F401  (registers the ids)
+
+    return [gym.make(config.env.id, split=split, **config.env.kwargs) for _ in range(count)]
+
+
+def iteration_seed(seed: int, iteration: int, salt: int = 0) -> int:
+    return (seed * 1_000_003 + iteration * 7_919 + salt) % (2**31)
+
+
+# ----------------------------------------------------------------------------- scoring and targets
+
+
+@dataclass
+class Targets:
+    """Per-action training targets, indexed by the batch's original action ids."""
+
+    advantages: torch.Tensor  # [A] or [A, L]
+    returns: torch.Tensor | None  # same shape, for the critic
+    old_values: torch.Tensor | None  # [A] (boundary) or [A, L] (tokens)
+    ref_logp: torch.Tensor | None  # [A, L]
+
+
+def shift_right(values: torch.Tensor) -> torch.Tensor:
+    """``[R, S]`` -> ``[R, S]`` with ``out[:, s] = values[:, s - 1]``: the value *before* token s."""
+    return torch.cat([values[:, :1], values[:, :-1]], dim=1)
+
+
+@torch.no_grad()
+def final_values(model: ActorCritic, trajectories: list[Trajectory], batch: RowBatch, pad_id: int) -> torch.Tensor:
+    """``[A]``: V of the state after each action's trajectory's last action, for truncated trajectories
+    (bootstrapping, spec 1.2: the authors' code uses 0 here); 0 elsewhere."""
+    out = torch.zeros(batch.num_actions)
+    cut = [i for i, t in enumerate(trajectories) if t.truncated and t.final_prompt_ids]
+    if not cut:
+        return out
+    prompts = [trajectories[i].final_prompt_ids for i in cut]
+    S = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), S), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(prompts), S, dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, : len(p)], mask[r, : len(p)] = torch.tensor(p), 1
+    with evaluating(model):
+        values = model(ids, mask, need_values=True, need_logp=False).values  # [n, S]
+    last = values[torch.arange(len(prompts)), mask.sum(1) - 1]  # [n]
+    by_traj = dict(zip(cut, last.tolist()))
+    for a, traj in enumerate(batch.traj_index.tolist()):
+        out[a] = by_traj.get(traj, 0.0)
+    return out
+
+
+@torch.no_grad()
+def compute_targets(
+    model: ActorCritic,
+    algo: Algorithm,
+    overrides: dict,
+    batch: RowBatch,
+    final_value: torch.Tensor | None,
+    reference: torch.nn.Module | None = None,
+) -> Targets:
+    """Critic values and reference log-probs without gradient, then the estimator."""
+    step = StepBatch(
+        reward=batch.reward,
+        traj_index=batch.traj_index,
+        step_index=batch.step_index,
+        group_index=batch.group_index,
+        truncated=batch.truncated,
+        final_value=final_value,
+        response_mask=batch.action_mask,
+        anchor=batch.anchor,
+    )
+    old_values = None
+    if algo.needs_critic:
+        with evaluating(model):
+            values = model(batch.input_ids, batch.attention_mask, need_values=True, need_logp=False).values
+        step.values = values[batch.boundary_row, batch.boundary_pos]  # [A]: V(s_t) at the last state token
+        step.token_values = gather_actions(shift_right(values), batch)  # [A, L]: V before each action token
+        old_values = step.values if algo.critic_at == "boundary" else step.token_values
+    settings = {**algo.defaults, **overrides}
+    ref_logp = None
+    if settings.get("kl_coef", 0.0) > 0:
+        ref_logp = gather_actions(
+            reference_logp(
+                model, batch.input_ids, batch.attention_mask, reference=reference, logp_mask=batch.action_index >= 0
+            ),
+            batch,
+        )
+        if settings.get("kl_in_reward"):
+            step.token_kl = torch.where(batch.action_mask.bool(), batch.old_logp - ref_logp, 0)
+    estimate = algo.estimate(step, **accepted_by(algo, algo.estimator, overrides))
+    return Targets(estimate.advantages, estimate.returns, old_values, ref_logp)
+
+
+# ----------------------------------------------------------------------------- updates
+
+
+def _optimizers(model: ActorCritic, config: TrainConfig) -> dict[str, torch.optim.Optimizer]:
+    opts = {
+        "actor": torch.optim.AdamW(
+            list(model.actor_parameters()), lr=config.optim.actor_lr, weight_decay=config.optim.weight_decay
+        )
+    }
+    critic_params = list(model.critic_parameters())
+    if critic_params:
+        opts["critic"] = torch.optim.AdamW(critic_params, lr=config.optim.critic_lr, weight_decay=config.optim.weight_decay)
+    return opts
+
+
+def _optimizer_step(loss: torch.Tensor, params: list, optimizers: list, grad_clip: float, stats: dict, name: str) -> None:
+    """Backward, clip, step; a NaN/inf loss or gradient skips the update and leaves the weights untouched."""
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
+    if torch.isfinite(loss):
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        if torch.isfinite(grad_norm):
+            for opt in optimizers:
+                opt.step()
+            stats.setdefault(f"{name}/grad_norm", []).append(grad_norm.item())
+            return
+        bad = f"gradient norm {grad_norm.item()}"
+    else:
+        bad = f"loss {loss.item()}"
+    warnings.warn(f"{name}: {bad}, update skipped", RuntimeWarning, stacklevel=2)
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
+    stats[f"{name}/skipped_updates"] = stats.get(f"{name}/skipped_updates", 0) + 1
+
+
+def _value_loss(algo: Algorithm, values: torch.Tensor, mb: RowBatch, targets: Targets, cliprange: float):
+    ids = mb.action_id
+    if algo.critic_at == "boundary":
+        v = values[mb.boundary_row, mb.boundary_pos]  # [a]
+        return value_loss(v, targets.old_values[ids], targets.returns[ids], cliprange=cliprange)
+    v = gather_actions(shift_right(values), mb)  # [a, L]
+    L = v.shape[1]
+    return token_value_loss(
+        v, targets.old_values[ids, :L], targets.returns[ids, :L], mb.action_mask, cliprange=cliprange
+    )
+
+
+def update(
+    model: ActorCritic,
+    optimizers: dict,
+    algo: Algorithm,
+    batch: RowBatch,
+    targets: Targets,
+    config: TrainConfig,
+    generator: torch.Generator,
+) -> dict[str, float]:
+    """Critic first (its own pass, unless it shares the actor's forward), then the actor."""
+    settings = {**algo.defaults, **config.algo_overrides}
+    stats: dict[str, Any] = {}
+    shared_critic = algo.needs_critic and config.model.critic == "shared"
+    cliprange = settings.get("value_cliprange", 0.5)
+    if algo.needs_critic and not shared_critic:
+        for _ in range(config.optim.ppo_epochs):
+            for mb in minibatches(batch, config.optim.minibatch_rows, generator):
+                values = model(mb.input_ids, mb.attention_mask, need_values=True, need_logp=False).values
+                loss, _ = _value_loss(algo, values, mb, targets, cliprange)
+                _optimizer_step(loss, list(model.critic_parameters()), [optimizers["critic"]], config.optim.grad_clip, stats, "critic")
+                stats.setdefault("critic/loss", []).append(loss.item())
+
+    kl_coef = settings.get("kl_coef", 0.0) if not settings.get("kl_in_reward") else 0.0
+    entropy_coef = settings.get("entropy_coef", 0.0)
+    ratio_mode = "capo" if algo.ratio_mode == "token" else algo.ratio_mode
+    for _ in range(config.optim.ppo_epochs):
+        for mb in minibatches(batch, config.optim.minibatch_rows, generator):
+            out = model(
+                mb.input_ids,
+                mb.attention_mask,
+                need_values=shared_critic,
+                need_entropy=entropy_coef > 0,
+                logp_mask=mb.action_index >= 0,
+            )
+            logp = gather_actions(out.logp, mb)  # [a, L]
+            L = logp.shape[1]
+            advantages = targets.advantages[mb.action_id]
+            if advantages.dim() == 2:
+                advantages = advantages[:, :L]
+            loss, diag = algo.policy_loss_fn(
+                logp, mb.old_logp, advantages, mb.action_mask, **accepted_by(algo, algo.policy_loss, config.algo_overrides)
+            )
+            if kl_coef > 0:
+                kl, _ = kl_loss(logp, targets.ref_logp[mb.action_id, :L], mb.action_mask, kind=settings.get("kl_type", "k3"))
+                loss = loss + kl_coef * kl
+                stats.setdefault("actor/kl_ref", []).append(kl.item())
+            if entropy_coef > 0:
+                ent, _ = entropy_loss(mb.action_mask, entropy=gather_actions(out.entropy, mb))
+                loss = loss - entropy_coef * ent
+            if shared_critic:  # the head reads detached features: its loss moves only the head
+                v_loss, _ = _value_loss(algo, out.values, mb, targets, cliprange)
+                stats.setdefault("critic/loss", []).append(v_loss.item())
+                loss = loss + v_loss
+            params = list(model.actor_parameters()) + (list(model.critic_parameters()) if shared_critic else [])
+            opts = [optimizers["actor"]] + ([optimizers["critic"]] if shared_critic else [])
+            _optimizer_step(loss, params, opts, config.optim.grad_clip, stats, "actor")
+            stats.setdefault("actor/loss", []).append(loss.item())
+            for key, value in diag.items():
+                stats.setdefault(f"actor/{key}", []).append(float(value))
+            _ratio_spread(logp.detach(), mb, ratio_mode, stats)
+    return _summarise(stats)
+
+
+def _ratio_spread(logp: torch.Tensor, mb: RowBatch, mode: str, stats: dict) -> None:
+    """Std of the per-action log-ratio in action-length buckets: what CAPO's length calibration equalises."""
+    log_w = action_log_ratio(logp, mb.old_logp, mb.action_mask, mode)  # [a]
+    lengths = mb.action_mask.sum(1)
+    lower = 0
+    for upper in LENGTH_BUCKETS + (math.inf,):
+        inside = (lengths > lower) & (lengths <= upper)
+        if inside.sum() > 1:
+            name = f"ratio_spread/len_{lower + 1}-{upper if upper != math.inf else 'inf'}"
+            stats.setdefault(name, []).append(log_w[inside].std().item())
+        lower = upper
+
+
+def _summarise(stats: dict) -> dict[str, float]:
+    return {k: (sum(v) / len(v) if isinstance(v, list) else float(v)) for k, v in stats.items() if v != []}
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
+    var = returns.var()
+    return float(1 - (returns - values).var() / var) if var > 0 else float("nan")
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def evaluate(model: ActorCritic, tokenizer, config: TrainConfig, envs: list[gym.Env], episodes: int) -> dict[str, float]:
+    """Greedy decoding on the first ``episodes`` tasks of the held-out split (the same tasks every time)."""
+    task_ids = list(envs[0].unwrapped.task_ids())[:episodes]
+    backend = HFBackend(model.actor, tokenizer, batch_size=len(envs))
+    with evaluating(model):
+        trajectories = collect(
+            envs, backend, tokenizer, tasks_per_batch=len(task_ids), group_size=1, task_ids=task_ids,
+            max_action_tokens=config.rollout.max_action_tokens, max_prompt_tokens=config.rollout.max_prompt_tokens,
+            state=config.rollout.state, window=config.rollout.window, greedy=True, seed=config.seed,
+        )
+    return {f"eval/{k}": v for k, v in rollout_stats(trajectories).items()}
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+@dataclass
+class RunState:
+    iteration: int = 0  # iterations completed
+    sft_done: bool = False
+    history: list = field(default_factory=list)
+
+
+def save(out_dir: Path, model: ActorCritic, tokenizer, optimizers: dict, state: RunState, config: TrainConfig) -> Path:
+    """Write the checkpoint beside the old one, then swap: a kill mid-save leaves the previous one intact."""
+    final = out_dir / CHECKPOINT
+    tmp = out_dir / f".{CHECKPOINT}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_models(tmp, model, tokenizer)
+    torch.save({name: opt.state_dict() for name, opt in optimizers.items()}, tmp / "optimizers.pt")
+    (tmp / "run_state.json").write_text(json.dumps(asdict(state)))
+    (tmp / "config.json").write_text(json.dumps(to_dict(config), indent=2))
+    old = out_dir / f".{CHECKPOINT}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def restore(out_dir: Path, config: TrainConfig) -> tuple[ActorCritic, Any, dict, RunState]:
+    directory = out_dir / CHECKPOINT
+    model, tokenizer = load_checkpoint(directory, dtype=getattr(torch, config.model.dtype))
+    optimizers = _optimizers(model, config)
+    saved = torch.load(directory / "optimizers.pt", weights_only=True)
+    for name, opt in optimizers.items():
+        opt.load_state_dict(saved[name])
+    state = RunState(**json.loads((directory / "run_state.json").read_text()))
+    return model, tokenizer, optimizers, state
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+class Logger:
+    """JSONL always; TensorBoard and wandb when installed and asked for."""
+
+    def __init__(self, out_dir: Path, config: TrainConfig):
+        self.path = out_dir / "log.jsonl"
+        self.tb = self.wandb = None
+        if config.log_tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(out_dir / "tensorboard"))
+            except ImportError:
+                pass
+        if config.log_wandb:
+            try:
+                import wandb
+
+                self.wandb = wandb.init(project="capo-gym", config=to_dict(config))
+            except ImportError:
+                warnings.warn("log_wandb is set but wandb is not installed", RuntimeWarning, stacklevel=2)
+
+    def log(self, record: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        step = record.get("iteration", 0)
+        for key, value in record.items():
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                if self.tb is not None:
+                    self.tb.add_scalar(key, value, step)
+        if self.wandb is not None:
+            self.wandb.log(record, step=step)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+@dataclass
+class Run:
+    """What one training run holds on to between iterations."""
+
+    config: TrainConfig
+    model: ActorCritic
+    tokenizer: Any
+    optimizers: dict
+    algo: Algorithm
+    settings: dict
+    reference: torch.nn.Module | None  # a frozen initial actor; None with LoRA (adapters off) or no KL
+
+
+def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, float]:
+    config, model, tokenizer, algo = run.config, run.model, run.tokenizer, run.algo
+    start = time.perf_counter()
+    backend = HFBackend(model.actor, tokenizer, batch_size=len(envs))
+    trajectories = collect(
+        envs, backend, tokenizer,
+        tasks_per_batch=config.rollout.tasks_per_batch, group_size=group_size(config, run.settings),
+        max_action_tokens=config.rollout.max_action_tokens, max_prompt_tokens=config.rollout.max_prompt_tokens,
+        state=config.rollout.state, window=config.rollout.window, temperature=config.rollout.temperature,
+        seed=iteration_seed(config.seed, iteration),
+    )
+    rollout_s = time.perf_counter() - start
+    record = {"iteration": iteration + 1, **{f"rollout/{k}": v for k, v in rollout_stats(trajectories).items()}}
+    batch = build_rows(trajectories, config.rollout.layout, backend.pad_id)
+    if batch.num_actions == 0:
+        return {**record, "time/rollout_s": rollout_s}
+    batch.action_id = torch.arange(batch.num_actions)
+    final_value = final_values(model, trajectories, batch, backend.pad_id) if algo.needs_critic else None
+    targets = compute_targets(model, algo, config.algo_overrides, batch, final_value, run.reference)
+    if targets.old_values is not None and targets.returns is not None:
+        mask = batch.action_mask.bool() if targets.returns.dim() == 2 else torch.ones_like(targets.returns, dtype=torch.bool)
+        record["critic/explained_variance"] = explained_variance(targets.old_values[mask], targets.returns[mask])
+    generator = torch.Generator().manual_seed(iteration_seed(config.seed, iteration, salt=1))
+    update_start = time.perf_counter()
+    record |= update(model, run.optimizers, algo, batch, targets, config, generator)
+    update_s = time.perf_counter() - update_start
+    tokens = float(batch.action_mask.sum())
+    record |= {
+        "time/rollout_s": rollout_s,
+        "time/update_s": update_s,
+        "time/iteration_s": time.perf_counter() - start,
+        "throughput/rollout_tokens_per_s": record["rollout/tokens_generated"] / max(rollout_s, 1e-9),
+        "throughput/update_action_tokens_per_s": tokens / max(update_s, 1e-9),
+    }
+    return record
+
+
+def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=None, progress: bool = True) -> dict:
+    """Warm start (if configured), then ``config.iterations`` RL iterations; returns the summary."""
+    from tqdm.auto import tqdm
+
+    from .sft import behaviour_clone
+
+    torch.manual_seed(config.seed)
+    random.seed(config.seed)
+    out_dir = Path(config.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    algo, settings = algorithm_settings(config)
+    if resume and (out_dir / CHECKPOINT).is_dir():
+        model, tokenizer, optimizers, state = restore(out_dir, config)
+    else:
+        if model is None:
+            model, tokenizer = build_model(config, algo)
+        optimizers, state = _optimizers(model, config), RunState()
+        (out_dir / "log.jsonl").unlink(missing_ok=True)
+    reference = None
+    if settings.get("kl_coef", 0.0) > 0 and not model.uses_lora:
+        reference = load_reference(model.meta["base"], dtype=getattr(torch, config.model.dtype))
+    run = Run(config, model, tokenizer, optimizers, algo, settings, reference)
+    logger = Logger(out_dir, config)
+    n_envs = config.rollout.tasks_per_batch * group_size(config, settings)
+    train_envs = make_envs(config, config.env.train_split, n_envs)
+    eval_envs = make_envs(config, config.env.eval_split, min(config.eval_episodes, 16))
+    try:
+        if not state.sft_done:
+            if config.sft.episodes > 0:
+                record = behaviour_clone(model, tokenizer, config, train_envs[0])
+                record |= evaluate(model, tokenizer, config, eval_envs, config.eval_episodes)
+                record["iteration"] = 0
+                state.history.append(record)
+                logger.log(record)
+                print(f"after warm start: held-out success {record.get('eval/success', float('nan')):.3f}")
+            state.sft_done = True
+            save(out_dir, model, tokenizer, optimizers, state, config)
+        bar = tqdm(range(state.iteration, config.iterations), initial=state.iteration, total=config.iterations,
+                   desc=config.algo, disable=not progress)
+        for iteration in bar:
+            record = rl_iteration(run, iteration, train_envs)
+            last = iteration + 1 == config.iterations
+            if config.eval_every and ((iteration + 1) % config.eval_every == 0 or last):
+                record |= evaluate(model, tokenizer, config, eval_envs, config.eval_episodes)
+            state.iteration = iteration + 1
+            state.history.append(record)
+            logger.log(record)
+            save(out_dir, model, tokenizer, optimizers, state, config)
+            bar.set_postfix(
+                reward=f"{record.get('rollout/reward_mean', 0):.2f}",
+                success=f"{record.get('rollout/success', 0):.2f}",
+                invalid=f"{record.get('rollout/invalid_action_rate', 0):.2f}",
+                tok_s=f"{record.get('throughput/rollout_tokens_per_s', 0):.0f}",
+            )
+    finally:
+        logger.close()
+        for env in train_envs + eval_envs:
+            env.close()
+    summary = summarise_run(state.history, config)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot_curves(state.history, out_dir / "learning_curve.png", config.algo)
+    return summary
+
+
+def summarise_run(history: list[dict], config: TrainConfig) -> dict:
+    evals = [(h["iteration"], h["eval/success"]) for h in history if "eval/success" in h]
+    iteration_s = [h["time/iteration_s"] for h in history if "time/iteration_s" in h]
+    return {
+        "algo": config.algo,
+        "env": config.env.id,
+        "iterations": len(iteration_s),
+        "eval_success_after_warm_start": next((s for i, s in evals if i == 0), None),
+        "eval_success_final": evals[-1][1] if evals else None,
+        "seconds_per_iteration": sum(iteration_s) / len(iteration_s) if iteration_s else None,
+    }
+
+
+def plot_curves(history: list[dict], path: Path, title: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    train = [(h["iteration"], h["rollout/success"]) for h in history if "rollout/success" in h]
+    evals = [(h["iteration"], h["eval/success"]) for h in history if "eval/success" in h]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if train:
+        ax.plot(*zip(*train), label="train rollouts (T=1)")
+    if evals:
+        ax.plot(*zip(*evals), marker="o", label="held-out (greedy)")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("success")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
