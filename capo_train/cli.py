@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Sequence
 
 
@@ -91,7 +92,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.sft_only:
         config.iterations = 0
     summary = train(config, resume=args.resume)
-    print(json.dumps(summary, indent=2))
+    print("\n| " + " | ".join(summary) + " |\n|" + "---|" * len(summary))
+    print("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in summary.values()) + " |")
+    print(f"\nlogs, checkpoint and learning curve in {config.out_dir}")
     return 0
 
 
@@ -102,7 +105,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     config = TrainConfig(env=EnvConfig(id=args.env, kwargs=parse_key_values(args.env_kwargs)))
     config.env.eval_split = args.split
-    model, tokenizer = load_checkpoint(args.checkpoint)
+    checkpoint = Path(args.checkpoint)
+    if (checkpoint / "checkpoint").is_dir():  # a run folder: use its checkpoint
+        checkpoint = checkpoint / "checkpoint"
+    model, tokenizer = load_checkpoint(checkpoint)
     envs = make_envs(config, args.split, min(args.episodes, 16))
     try:
         print(json.dumps(evaluate(model, tokenizer, config, envs, args.episodes), indent=2))

@@ -21,6 +21,7 @@ class ModelConfig:
     lora: bool = True
     lora_r: int = 16
     lora_alpha: int = 32
+    lora_last_layers: int = 8  # adapt only the last N decoder layers (0 = all): cheaper backward
     critic: str = "shared"  # "shared": a value head on the actor's features; "separate": its own backbone
     gradient_checkpointing: bool = False
 
@@ -28,7 +29,8 @@ class ModelConfig:
 @dataclass
 class EnvConfig:
     id: str = "capo/SynthHop-v0"
-    kwargs: dict = field(default_factory=lambda: {"size": "small"})
+    # Two 200-character passages per search keep states short enough for CPU training.
+    kwargs: dict = field(default_factory=lambda: {"size": "small", "k": 2, "max_passage_chars": 200})
     train_split: str = "train"
     eval_split: str = "dev"
 
@@ -40,7 +42,7 @@ class RolloutConfig:
     state: str = "concat"  # "concat" or "window"
     window: int = 2
     layout: str = "packed"  # "packed" (concat only) or "per_action"
-    max_action_tokens: int = 48
+    max_action_tokens: int = 40
     max_prompt_tokens: int = 1024
     temperature: float = 1.0
 
@@ -57,21 +59,22 @@ class OptimConfig:
 
 @dataclass
 class SFTConfig:
-    episodes: int = 64  # expert episodes behaviour-cloned before RL (0: no warm start)
-    epochs: int = 1
-    lr: float = 3e-4
-    minibatch_rows: int = 8
+    episodes: int = 48  # expert episodes behaviour-cloned before RL (0: no warm start)
+    epochs: int = 2
+    lr: float = 1e-3
+    minibatch_rows: int = 4
 
 
 @dataclass
 class TrainConfig:
     algo: str = "capo"
     algo_overrides: dict = field(default_factory=dict)  # e.g. {"clip_low": 1e-3, "gamma": 0.95}
-    iterations: int = 10
+    iterations: int = 12
     seed: int = 0
     out_dir: str = "runs/capo-synthhop"
-    eval_every: int = 5
-    eval_episodes: int = 50
+    eval_every: int = 12
+    eval_episodes: int = 16
+    log_entropy: bool = True  # policy entropy on action tokens (one extra pass over the LM-head logits)
     log_tensorboard: bool = True
     log_wandb: bool = False
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -43,9 +43,14 @@ VALUE_HEAD_FILE = "value_head.safetensors"
 
 @dataclass
 class LoraSettings:
-    """peft LoRA on every attention and MLP projection of a Llama-style model."""
+    """peft LoRA on every attention and MLP projection of a Llama-style model.
+
+    ``last_layers``: adapt only the last N decoder layers (0 = all). Backward then stops at the first
+    adapted layer, which on CPU roughly halves the cost of an update for N = a quarter of the layers.
+    """
 
     r: int = 16
+    last_layers: int = 0
     alpha: int = 32
     dropout: float = 0.0
     target_modules: tuple[str, ...] = (
@@ -80,8 +85,16 @@ def _lora(model: nn.Module, lora: LoraSettings, task_type: str | None) -> nn.Mod
         lora_dropout=lora.dropout,
         target_modules=list(lora.target_modules),
         task_type=task_type,
+        layers_to_transform=_last_layers(model, lora.last_layers),
     )
     return get_peft_model(model, config)
+
+
+def _last_layers(model: nn.Module, n: int) -> list[int] | None:
+    if n <= 0:
+        return None
+    total = model.config.num_hidden_layers
+    return list(range(max(total - n, 0), total))
 
 
 def _prepare(model: nn.Module, gradient_checkpointing: bool) -> nn.Module:

@@ -83,7 +83,9 @@ def group_size(config: TrainConfig, settings: dict) -> int:
 
 
 def build_model(config: TrainConfig, algo: Algorithm) -> tuple[ActorCritic, Any]:
-    lora = LoraSettings(r=config.model.lora_r, alpha=config.model.lora_alpha) if config.model.lora else None
+    lora = None
+    if config.model.lora:
+        lora = LoraSettings(r=config.model.lora_r, alpha=config.model.lora_alpha, last_layers=config.model.lora_last_layers)
     return build_actor_critic(
         resolve_model_path(config.model.path),
         critic=config.model.critic if algo.needs_critic else None,
@@ -265,7 +267,7 @@ def update(
                 mb.input_ids,
                 mb.attention_mask,
                 need_values=shared_critic,
-                need_entropy=entropy_coef > 0,
+                need_entropy=entropy_coef > 0 or config.log_entropy,
                 logp_mask=mb.action_index >= 0,
             )
             logp = gather_actions(out.logp, mb)  # [a, L]
@@ -280,9 +282,11 @@ def update(
                 kl, _ = kl_loss(logp, targets.ref_logp[mb.action_id, :L], mb.action_mask, kind=settings.get("kl_type", "k3"))
                 loss = loss + kl_coef * kl
                 stats.setdefault("actor/kl_ref", []).append(kl.item())
-            if entropy_coef > 0:
+            if out.entropy is not None:
                 ent, _ = entropy_loss(mb.action_mask, entropy=gather_actions(out.entropy, mb))
-                loss = loss - entropy_coef * ent
+                if entropy_coef > 0:
+                    loss = loss - entropy_coef * ent
+                stats.setdefault("actor/entropy", []).append(ent.item())
             if shared_critic:  # the head reads detached features: its loss moves only the head
                 v_loss, _ = _value_loss(algo, out.values, mb, targets, cliprange)
                 stats.setdefault("critic/loss", []).append(v_loss.item())

@@ -10,6 +10,7 @@ from gymnasium.utils.env_checker import check_env
 import capo_envs
 from data_prep import prepare
 
+from env_helpers import expert_metrics
 from fixtures_official import SHARED, FileServer, serve, shared_files
 
 pytestmark = [pytest.mark.shared, pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is absent")]
@@ -46,16 +47,7 @@ def test_public_env_passes_check_env_once_prepared(prepared, env_id):
 @pytest.mark.parametrize("env_id, minimum", [("capo/HotpotQA-v0", 0.9), ("capo/MuSiQue-v0", 0.8)])
 def test_expert_finds_the_gold_paragraphs_with_bm25(prepared, env_id, minimum):
     """The gold-title oracle answers right only when BM25 top-5 surfaced every supporting paragraph."""
-    env = gym.make(env_id, split="dev")
-    base = env.unwrapped
-    em = []
-    for task_id in base.task_ids():
-        env.reset(options={"task_id": task_id})
-        done = False
-        while not done:
-            _, _, terminated, truncated, info = env.step(base.expert_action())
-            done = terminated or truncated
-        em.append(info["metrics"]["em"])
+    em = [m["em"] for m in expert_metrics(gym.make(env_id, split="dev"))]
     assert sum(em) / len(em) >= minimum
 
 
