@@ -287,14 +287,14 @@ def update(
                 if entropy_coef > 0:
                     loss = loss - entropy_coef * ent
                 stats.setdefault("actor/entropy", []).append(ent.item())
+            stats.setdefault("actor/loss", []).append(loss.item())
+            params, opts = list(model.actor_parameters()), [optimizers["actor"]]
             if shared_critic:  # the head reads detached features: its loss moves only the head
                 v_loss, _ = _value_loss(algo, out.values, mb, targets, cliprange)
                 stats.setdefault("critic/loss", []).append(v_loss.item())
                 loss = loss + v_loss
-            params = list(model.actor_parameters()) + (list(model.critic_parameters()) if shared_critic else [])
-            opts = [optimizers["actor"]] + ([optimizers["critic"]] if shared_critic else [])
+                params, opts = params + list(model.critic_parameters()), opts + [optimizers["critic"]]
             _optimizer_step(loss, params, opts, config.optim.grad_clip, stats, "actor")
-            stats.setdefault("actor/loss", []).append(loss.item())
             for key, value in diag.items():
                 stats.setdefault(f"actor/{key}", []).append(float(value))
             _ratio_spread(logp.detach(), mb, ratio_mode, stats)
@@ -406,9 +406,9 @@ class Logger:
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
         step = record.get("iteration", 0)
-        for key, value in record.items():
-            if isinstance(value, (int, float)) and math.isfinite(value):
-                if self.tb is not None:
+        if self.tb is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and math.isfinite(value):
                     self.tb.add_scalar(key, value, step)
         if self.wandb is not None:
             self.wandb.log(record, step=step)
