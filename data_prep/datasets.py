@@ -26,7 +26,8 @@ from typing import Iterable, Sequence
 
 from tqdm import tqdm
 
-from capo_envs.core.paths import DataNotPreparedError, data_dir as default_data_dir
+from capo_envs.core.paths import DataNotPreparedError, is_prepared
+from capo_envs.core.paths import data_dir as default_data_dir
 from capo_envs.qa.datasets import QA_DATASETS, SPLITS, passages_from_files
 from capo_envs.retrieval.base import read_corpus, write_corpus
 
@@ -48,11 +49,6 @@ def _root(data_dir: str | Path | None) -> Path:
 def _check_name(name: str) -> None:
     if name not in SOURCES:
         raise KeyError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
-
-
-def is_prepared(name: str, data_dir: str | Path | None = None) -> bool:
-    """True once ``prepare(name)`` has finished: the manifest is written last."""
-    return (_root(data_dir) / name / MANIFEST).is_file()
 
 
 def prepare(

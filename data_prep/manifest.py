@@ -6,9 +6,10 @@ import json
 import os
 from pathlib import Path
 
+from capo_envs.core.paths import MANIFEST
+
 from .download import sha256_file
 
-MANIFEST = "manifest.json"
 FORMAT = 1
 
 

@@ -25,6 +25,12 @@ def require(path: Path, what: str, command: str) -> Path:
     return path
 
 
-def is_prepared(name: str) -> bool:
-    """``capo data prepare`` writes ``manifest.json`` last, so its presence means the dataset is complete."""
-    return (dataset_dir(name) / "manifest.json").is_file()
+MANIFEST = "manifest.json"
+
+
+def is_prepared(name: str, root: str | Path | None = None) -> bool:
+    """``capo data prepare`` writes ``manifest.json`` last, so its presence means the dataset is complete.
+
+    ``root``: the data folder (default ``$CAPO_DATA_DIR``)."""
+    base = Path(root).expanduser() if root else data_dir()
+    return (base / name / MANIFEST).is_file()
