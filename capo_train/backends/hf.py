@@ -5,16 +5,40 @@ logits it was sampled from, and a stop-string check per sequence per step. Each 
 (attention mask and position ids say where each prompt starts), prefilled once, then decoded one token
 per step with the KV cache. A sequence that finishes is dropped from the batch and from the cache, so
 it stops costing compute.
+
+Prefix reuse: in a multi-turn rollout with concatenated states, the next prompt of an episode is the
+previous prompt + the action + the observation. The backend keeps the KV cache of every sequence it
+finished in its last call, and a prompt that extends one of them prefills only its new tokens. On CPU
+this removes most of a rollout's cost (re-reading the growing prompt every turn). A backend is meant to
+live for one rollout: build a new one (or call ``clear_prefixes``) after the weights change.
 """
 
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from .base import Generation
+
+
+@dataclass
+class _Prefix:
+    """A finished sequence's tokens and its KV cache (per layer ``(keys, values)``, each ``[H, len, D]``)."""
+
+    tokens: list[int]
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+
+    @classmethod
+    def of_row(cls, tokens: list[int], cache, attention_mask: torch.Tensor, row: int) -> "_Prefix":
+        real = attention_mask[row].bool()  # [S]: the row's real positions, in order
+        kv = [(layer.keys[row][:, real[: layer.keys.shape[2]]].clone(),
+               layer.values[row][:, real[: layer.values.shape[2]]].clone()) for layer in cache.layers]
+        if kv and kv[0][0].shape[1] != len(tokens):
+            raise RuntimeError(f"KV cache holds {kv[0][0].shape[1]} positions for {len(tokens)} tokens")
+        return cls(tokens, kv)
 
 
 class HFBackend:
@@ -24,10 +48,13 @@ class HFBackend:
     put in eval mode for the call and restored afterwards.
     """
 
-    def __init__(self, model, tokenizer, *, batch_size: int = 16):
+    def __init__(self, model, tokenizer, *, batch_size: int = 16, reuse_prefixes: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.reuse_prefixes = reuse_prefixes
+        self._prefixes: list[_Prefix] = []  # the sequences finished in the last generate call
+        self.prefilled_tokens = self.reused_tokens = 0  # counters, for benchmarks and tests
         eos = {tokenizer.eos_token_id}
         config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos |= set(config_eos) if isinstance(config_eos, (list, tuple)) else {config_eos}
@@ -67,25 +94,54 @@ class HFBackend:
             generator = torch.Generator(device=self.device).manual_seed(seed)
         was_training = self.model.training
         self.model.eval()
+        finished: list[_Prefix] = []
         try:
             out: list[Generation] = []
             for start in range(0, len(prompts), self.batch_size):
                 chunk = prompts[start : start + self.batch_size]
-                out += self._generate_batch(chunk, list(stop), max_new_tokens, temperature, greedy, generator)
+                out += self._generate_batch(chunk, list(stop), max_new_tokens, temperature, greedy, generator, finished)
             return out
         finally:
             self.model.train(was_training)
+            self._prefixes = finished if self.reuse_prefixes else []
+
+    def clear_prefixes(self) -> None:
+        """Forget the cached prefixes (needed if the model's weights changed since the last call)."""
+        self._prefixes = []
+
+    def _longest_prefix(self, prompt: list[int]) -> _Prefix | None:
+        """The longest cached sequence that is a strict prefix of ``prompt`` (at least one new token)."""
+        best = None
+        for prefix in self._prefixes:
+            n = len(prefix.tokens)
+            if n < len(prompt) and (best is None or n > len(best.tokens)) and prompt[:n] == prefix.tokens:
+                best = prefix
+        return best
 
     @torch.inference_mode()
-    def _generate_batch(self, prompts, stop, max_new_tokens, temperature, greedy, generator) -> list[Generation]:
-        n, P = len(prompts), max(len(p) for p in prompts)
-        input_ids = torch.full((n, P), self.pad_id, dtype=torch.long)  # [n, P] left-padded
-        attention_mask = torch.zeros(n, P, dtype=torch.long)  # [n, P]
-        for b, p in enumerate(prompts):
-            input_ids[b, P - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
-            attention_mask[b, P - len(p) :] = 1
+    def _generate_batch(self, prompts, stop, max_new_tokens, temperature, greedy, generator, finished) -> list[Generation]:
+        prompts = [list(p) for p in prompts]
+        n = len(prompts)
+        reused = [self._longest_prefix(p) if self.reuse_prefixes else None for p in prompts]
+        past = [len(r.tokens) if r else 0 for r in reused]  # tokens whose KV is reused, per prompt
+        Q, P = max(past), max(len(p) - k for p, k in zip(prompts, past))  # reused / new columns
+        # Columns: [Q reused positions | P new positions], each block left-padded.
+        input_ids = torch.full((n, P), self.pad_id, dtype=torch.long)  # [n, P]
+        attention_mask = torch.zeros(n, Q + P, dtype=torch.long)  # [n, Q + P]
+        position_ids = torch.zeros(n, P, dtype=torch.long)  # [n, P]
+        for b, (p, k) in enumerate(zip(prompts, past)):
+            new = p[k:]
+            input_ids[b, P - len(new) :] = torch.as_tensor(new, dtype=torch.long)
+            attention_mask[b, Q - k : Q] = 1
+            attention_mask[b, Q + P - len(new) :] = 1
+            position_ids[b, P - len(new) :] = torch.arange(k, len(p))  # positions continue the prefix's
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-        position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)  # [n, P]: each prompt starts at 0
+        position_ids = position_ids.to(self.device)
+        kwargs = {}
+        if Q:
+            kwargs[self._cache_arg] = self._stacked_cache(reused, Q)
+        self.prefilled_tokens += sum(len(p) - k for p, k in zip(prompts, past))
+        self.reused_tokens += sum(past)
 
         out = self.model(
             input_ids=input_ids,
@@ -93,6 +149,7 @@ class HFBackend:
             position_ids=position_ids,
             use_cache=True,
             logits_to_keep=1,  # only the last position's logits: [n, 1, V], not [n, P, V]
+            **kwargs,
         )
         logits, cache = out.logits[:, -1], out[self._cache_arg]  # [n, V]
         next_pos = position_ids[:, -1] + 1  # [n]
@@ -122,6 +179,9 @@ class HFBackend:
                     finish[b] = "stop"
                 elif len(tokens[b]) < max_new_tokens:
                     keep.append(row)
+                    continue
+                if self.reuse_prefixes:  # its KV covers the prompt and every token but the last sampled
+                    finished.append(_Prefix.of_row(prompts[b] + tokens[b][:-1], cache, attention_mask, row))
             if not keep:
                 break
             if len(keep) < len(active):  # drop finished rows from the batch and the KV cache
@@ -144,6 +204,23 @@ class HFBackend:
             Generation(ids, lps, self.tokenizer.decode(ids, skip_special_tokens=True), reason)
             for ids, lps, reason in zip(tokens, logprobs, finish)
         ]
+
+    def _stacked_cache(self, reused: list, Q: int):
+        """A batch KV cache of ``Q`` columns: each row's reused prefix, left-padded (pads are masked)."""
+        from transformers import DynamicCache
+
+        config = (self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model).config
+        layers = []
+        template = next(r for r in reused if r is not None).kv
+        for layer, (k0, v0) in enumerate(template):
+            keys = k0.new_zeros(len(reused), k0.shape[0], Q, k0.shape[2])  # [n, H, Q, D]
+            values = v0.new_zeros(len(reused), v0.shape[0], Q, v0.shape[2])
+            for b, r in enumerate(reused):
+                if r is not None:
+                    k, v = r.kv[layer]  # [H, len, D]
+                    keys[b, :, Q - k.shape[1] :], values[b, :, Q - v.shape[1] :] = k, v
+            layers.append((keys, values))
+        return DynamicCache(ddp_cache_data=layers, config=config)
 
     def _stop_completed(self, ids: list[int], stop: list[str], tail: int) -> bool:
         """Whether a stop string appears in the decoded last ``tail`` tokens.

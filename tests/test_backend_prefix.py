@@ -1,0 +1,60 @@
+"""KV-prefix reuse in HFBackend: a multi-turn rollout gives the same tokens and log-probs with and
+without it, while prefilling only the new tokens of each turn."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+import torch
+
+import capo_envs  # noqa: F401
+from capo_train.backends.hf import HFBackend
+from capo_train.models import make_tiny_llama
+from capo_train.rollout import collect
+from capo_train.rows import build_rows, gather_actions, token_logprobs
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tokenizer = make_tiny_llama(hidden_size=32, num_layers=2, seed=3)
+    return model.eval(), tokenizer
+
+
+def rollout(model, tokenizer, reuse: bool, greedy: bool):
+    envs = [gym.make("capo/SynthHop-v0", size="tiny", k=1, max_passage_chars=40) for _ in range(3)]
+    backend = HFBackend(model, tokenizer, batch_size=3, reuse_prefixes=reuse)
+    trajectories = collect(envs, backend, tokenizer, tasks_per_batch=3, group_size=1, max_action_tokens=6,
+                           max_prompt_tokens=4000, greedy=greedy, seed=11)
+    return trajectories, backend
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_reuse_changes_nothing_but_the_work(tiny, greedy):
+    model, tokenizer = tiny
+    fresh, fresh_backend = rollout(model, tokenizer, reuse=False, greedy=greedy)
+    reused, reuse_backend = rollout(model, tokenizer, reuse=True, greedy=greedy)
+    assert fresh_backend.reused_tokens == 0 and reuse_backend.reused_tokens > 0
+    assert reuse_backend.prefilled_tokens < fresh_backend.prefilled_tokens / 2
+    for a, b in zip(fresh, reused):
+        assert [x.action_ids for x in a.actions] == [x.action_ids for x in b.actions]
+        for x, y in zip(a.actions, b.actions):
+            torch.testing.assert_close(torch.tensor(x.old_logprobs), torch.tensor(y.old_logprobs), atol=1e-4, rtol=0)
+
+
+def test_reused_logprobs_match_a_fresh_forward(tiny):
+    model, tokenizer = tiny
+    trajectories, backend = rollout(model, tokenizer, reuse=True, greedy=False)
+    assert backend.reused_tokens > 0
+    batch = build_rows(trajectories, "packed", backend.pad_id)
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    fresh = gather_actions(token_logprobs(logits, batch.input_ids), batch)
+    torch.testing.assert_close(fresh, batch.old_logp, atol=1e-4, rtol=0)
+
+
+def test_clear_prefixes_forgets(tiny):
+    model, tokenizer = tiny
+    _, backend = rollout(model, tokenizer, reuse=True, greedy=True)
+    assert backend._prefixes
+    backend.clear_prefixes()
+    assert backend._prefixes == []
