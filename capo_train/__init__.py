@@ -1,1 +1,1 @@
-"""capo_train: the CAPO reference trainer and its baselines (see issue 3); today: the `capo` command."""
+"""capo_train: the CAPO reference trainer and its baselines, on any env that follows the capo_envs contract."""

@@ -68,7 +68,9 @@ class SFTConfig:
 @dataclass
 class TrainConfig:
     algo: str = "capo"
-    algo_overrides: dict = field(default_factory=dict)  # e.g. {"clip_low": 1e-3, "gamma": 0.95}
+    # e.g. {"clip_low": 1e-3, "gamma": 0.95}. The CPU default turns the KL term off (the paper: 0.001), so
+    # no reference pass is made; set algo_overrides.kl_coef=0.001 to restore it.
+    algo_overrides: dict = field(default_factory=lambda: {"kl_coef": 0.0})
     iterations: int = 12
     seed: int = 0
     out_dir: str = "runs/capo-synthhop"

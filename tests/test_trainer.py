@@ -25,6 +25,7 @@ SMALL_RUN = [
     "eval_episodes=2",
     "sft.episodes=2",
     "log_tensorboard=false",
+    "algo_overrides={kl_coef: 0.001}",  # the CPU default turns KL off; the tests keep the reference path covered
 ]
 
 
@@ -58,6 +59,8 @@ def test_every_algorithm_runs_two_iterations(tiny_model_dir, tmp_path, algo):
         assert record["rollout/episodes"] == 4.0
         if ALGORITHMS[algo].needs_critic:
             assert math.isfinite(record["critic/loss"])
+        if not ALGORITHMS[algo].defaults.get("kl_in_reward"):  # KL as a loss term against the reference
+            assert math.isfinite(record["actor/kl_ref"])
         assert "actor/skipped_updates" not in record
 
 
