@@ -240,13 +240,15 @@ def update(
     model: ActorCritic,
     optimizers: dict,
     algo: Algorithm,
+    settings: dict,
     batch: RowBatch,
     targets: Targets,
     config: TrainConfig,
     generator: torch.Generator,
 ) -> dict[str, float]:
-    """Critic first (its own pass, unless it shares the actor's forward), then the actor."""
-    settings = {**algo.defaults, **config.algo_overrides}
+    """Critic first (its own pass, unless it shares the actor's forward), then the actor.
+
+    ``settings``: the algorithm's hyperparameters, registry defaults updated by ``config.algo_overrides``."""
     stats: dict[str, Any] = {}
     shared_critic = algo.needs_critic and config.model.critic == "shared"
     cliprange = settings.get("value_cliprange", 0.5)
@@ -457,7 +459,7 @@ def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, flo
         record["critic/explained_variance"] = explained_variance(targets.old_values[mask], targets.returns[mask])
     generator = torch.Generator().manual_seed(iteration_seed(config.seed, iteration, salt=1))
     update_start = time.perf_counter()
-    record |= update(model, run.optimizers, algo, batch, targets, config, generator)
+    record |= update(model, run.optimizers, algo, run.settings, batch, targets, config, generator)
     update_s = time.perf_counter() - update_start
     tokens = float(batch.action_mask.sum())
     record |= {

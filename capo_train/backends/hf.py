@@ -64,6 +64,7 @@ class HFBackend:
         # transformers >= 5.2x names the KV cache argument and output ``cache``; older versions
         # ``past_key_values``.
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a peft wrapper
+        self._config = inner.config  # for building KV caches of reused prefixes
         params = inspect.signature(inner.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
@@ -209,7 +210,6 @@ class HFBackend:
         """A batch KV cache of ``Q`` columns: each row's reused prefix, left-padded (pads are masked)."""
         from transformers import DynamicCache
 
-        config = (self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model).config
         layers = []
         template = next(r for r in reused if r is not None).kv
         for layer, (k0, v0) in enumerate(template):
@@ -220,7 +220,7 @@ class HFBackend:
                     k, v = r.kv[layer]  # [H, len, D]
                     keys[b, :, Q - k.shape[1] :], values[b, :, Q - v.shape[1] :] = k, v
             layers.append((keys, values))
-        return DynamicCache(ddp_cache_data=layers, config=config)
+        return DynamicCache(ddp_cache_data=layers, config=self._config)
 
     def _stop_completed(self, ids: list[int], stop: list[str], tail: int) -> bool:
         """Whether a stop string appears in the decoded last ``tail`` tokens.
