@@ -278,6 +278,7 @@ def rollout_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
 
     ``success`` is the mean over episodes of ``metrics["success"]`` (else ``metrics["em"]``), present
     when some episode reports one; an episode cut by the prompt budget (no metrics) counts as 0.
+    ``env_<key>`` is the mean of each end-of-episode metric the env reports (``env_em``, ``env_f1``, ...).
     Action lengths are in tokens; percentiles are nearest-rank.
     """
     n = len(trajectories)
@@ -306,4 +307,6 @@ def rollout_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         if any(key in t.metrics for t in trajectories):
             stats["success"] = sum(t.metrics.get(key, 0.0) for t in trajectories) / n
             break
+    for key in sorted({k for t in trajectories for k in t.metrics}):  # the env's own metrics: em, f1, ...
+        stats[f"env_{key}"] = sum(float(t.metrics.get(key, 0.0)) for t in trajectories) / n
     return stats

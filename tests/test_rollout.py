@@ -297,5 +297,6 @@ def test_rollout_stats(concat_trajectories):
     assert stats["tokens_generated"] == sum(len(a.action_ids) for a in actions)
     assert stats["invalid_action_rate"] == sum(not a.action_valid for a in actions) / len(actions)
     assert stats["success"] == sum(t.metrics["em"] for t in concat_trajectories) / 4
+    assert stats["env_f1"] == sum(t.metrics.get("f1", 0.0) for t in concat_trajectories) / 4
     assert stats["terminated_rate"] + stats["truncated_rate"] == 1
     assert 1 <= stats["action_tokens_p50"] <= stats["action_tokens_p90"] <= stats["action_tokens_max"] <= 16
