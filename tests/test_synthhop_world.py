@@ -180,3 +180,17 @@ def test_bm25_finds_every_hop_in_the_top_5(tiny):
     found = {q: q in {tiny.passages[int(i)].title for i in row} for q, row in zip(queries, results)}
     tasks = all_tasks(tiny)
     assert sum(all(found[q] for q in t.expert_queries) for t in tasks) >= 0.95 * len(tasks)
+
+
+def test_question_kinds_filter_the_tasks():
+    import gymnasium as gym
+
+    import capo_envs  # noqa: F401
+
+    env = gym.make("capo/SynthHop-v0", size="tiny", question_kinds=["bridge-2"])
+    tasks = env.unwrapped.tasks.values()
+    assert tasks and {t.kind for t in tasks} == {"bridge-2"}
+    _, info = env.reset(seed=3)
+    assert env.unwrapped.tasks[info["task_id"]].kind == "bridge-2"
+    with pytest.raises(ValueError, match="bridge-9"):
+        gym.make("capo/SynthHop-v0", size="tiny", question_kinds=["bridge-9"])
