@@ -63,6 +63,12 @@ class SFTConfig:
     epochs: int = 2
     lr: float = 1e-3
     minibatch_rows: int = 4
+    # The defaults below keep the plain recipe (constant lr, shuffled rows, loss on action tokens only).
+    warmup_frac: float = 0.0  # linear lr warm-up over this fraction of the optimizer steps
+    lr_schedule: str = "constant"  # "constant", or "cosine": decay to 0 after the warm-up
+    length_buckets: bool = False  # mini-batches of rows of similar length (less padding), in shuffled order
+    state_loss_coef: float = 0.0  # weight of a next-token loss on state tokens (question, passages), for
+    # models trained from scratch (capo_train.tiny_lm): it teaches them to read the world's text
 
 
 @dataclass
@@ -73,6 +79,7 @@ class TrainConfig:
     algo_overrides: dict = field(default_factory=lambda: {"kl_coef": 0.0})
     iterations: int = 12
     seed: int = 0
+    device: str = "auto"  # "auto": the accelerator's device (GPU when there is one); "cpu": always the CPU
     out_dir: str = "runs/capo-synthhop"
     eval_every: int = 12
     eval_episodes: int = 16
@@ -173,6 +180,8 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f"rollout.layout must be 'packed' or 'per_action', got {config.rollout.layout!r}")
     if config.rollout.layout == "packed" and config.rollout.state != "concat":
         raise ConfigError("rollout.layout=packed needs rollout.state=concat (window prompts are rebuilt each step)")
+    if config.device not in ("auto", "cpu"):
+        raise ConfigError(f"device must be 'auto' or 'cpu', got {config.device!r}")
     if config.model.critic not in ("shared", "separate"):
         raise ConfigError(f"model.critic must be 'shared' or 'separate', got {config.model.critic!r}")
     for key in ("iterations", "rollout.tasks_per_batch", "rollout.max_action_tokens", "optim.minibatch_rows"):

@@ -282,11 +282,22 @@ def select_rows(batch: RowBatch, rows: Tensor) -> RowBatch:
     )
 
 
-def minibatches(batch: RowBatch, size: int, generator: torch.Generator | None = None) -> Iterator[RowBatch]:
+def minibatches(
+    batch: RowBatch, size: int, generator: torch.Generator | None = None, count: int | None = None
+) -> Iterator[RowBatch]:
     """Shuffle the rows (with ``generator``) and yield sub-batches of ``size`` rows each (the last may be
-    smaller). Split by rows, so a packed trajectory is never cut; each action goes with its row."""
+    smaller). Split by rows, so a packed trajectory is never cut; each action goes with its row.
+
+    ``count``: yield exactly this many near-equal sub-batches instead (data-parallel processes must all
+    take the same number of optimizer steps); with fewer rows than ``count``, rows are reused cyclically."""
     if size < 1:
         raise ValueError(f"size must be >= 1, got {size}")
     order = torch.randperm(batch.num_rows, generator=generator).to(batch.input_ids.device)
+    if count is not None:
+        if batch.num_rows < count:
+            order = order.repeat(-(-count // batch.num_rows))[:count]
+        for part in torch.tensor_split(order, count):
+            yield select_rows(batch, part)
+        return
     for start in range(0, batch.num_rows, size):
         yield select_rows(batch, order[start : start + size])

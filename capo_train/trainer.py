@@ -11,6 +11,10 @@ Read it top to bottom: ``train`` builds everything, then each ``iteration``
 
 Randomness is derived from ``(seed, iteration)`` alone, so a run resumed from a checkpoint repeats the
 iterations an uninterrupted run would have made.
+
+The loop runs on ``accelerate``: one process on the CPU, or ``accelerate launch`` / ``torchrun`` with one
+process per device, each collecting its own episodes, gradients averaged across processes; the main
+process logs, evaluates its share and writes the checkpoints.
 """
 
 from __future__ import annotations
@@ -105,6 +109,38 @@ def iteration_seed(seed: int, iteration: int, salt: int = 0) -> int:
     return (seed * 1_000_003 + iteration * 7_919 + salt) % (2**31)
 
 
+def make_accelerator(config: TrainConfig):
+    """One process on the CPU here; under ``accelerate launch`` / ``torchrun`` one process per device, each
+    collecting its own episodes, with gradients averaged across processes (DDP)."""
+    from accelerate import Accelerator, DistributedDataParallelKwargs
+
+    # The actor pass leaves a separate critic unused and vice versa.
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=True)
+    return Accelerator(cpu=config.device == "cpu" or not torch.cuda.is_available(), kwargs_handlers=[ddp])
+
+
+def unwrap(model: torch.nn.Module) -> ActorCritic:
+    """The ``ActorCritic`` inside a DDP wrapper (its attributes are not reachable through the wrapper)."""
+    return getattr(model, "module", model)
+
+
+def gather_trajectories(trajectories: list[Trajectory], accelerator) -> list[Trajectory]:
+    """Every process's trajectories, for statistics that describe the whole batch."""
+    if accelerator is None or accelerator.num_processes == 1:
+        return trajectories
+    from accelerate.utils import gather_object
+
+    return gather_object(trajectories)
+
+
+def synced_minibatch_count(rows: int, size: int, accelerator) -> int | None:
+    """With several processes, every one must take the same number of optimizer steps: the most any needs."""
+    if accelerator is None or accelerator.num_processes == 1:
+        return None
+    count = torch.tensor([math.ceil(rows / size)], device=accelerator.device)
+    return int(accelerator.gather(count).max())
+
+
 # ----------------------------------------------------------------------------- scoring and targets
 
 
@@ -137,13 +173,15 @@ def final_values(model: ActorCritic, trajectories: list[Trajectory], batch: RowB
     mask = torch.zeros(len(prompts), S, dtype=torch.long)
     for r, p in enumerate(prompts):
         ids[r, : len(p)], mask[r, : len(p)] = torch.tensor(p), 1
+    device = next(model.parameters()).device
+    ids, mask = ids.to(device), mask.to(device)
     with evaluating(model):
         values = model(ids, mask, need_values=True, need_logp=False).values  # [n, S]
-    last = values[torch.arange(len(prompts)), mask.sum(1) - 1]  # [n]
+    last = values[torch.arange(len(prompts), device=device), mask.sum(1) - 1].cpu()  # [n]
     by_traj = dict(zip(cut, last.tolist()))
     for a, traj in enumerate(batch.traj_index.tolist()):
         out[a] = by_traj.get(traj, 0.0)
-    return out
+    return out.to(batch.reward.device)
 
 
 @torch.no_grad()
@@ -203,13 +241,24 @@ def _optimizers(model: ActorCritic, config: TrainConfig) -> dict[str, torch.opti
     return opts
 
 
-def _optimizer_step(loss: torch.Tensor, params: list, optimizers: list, grad_clip: float, stats: dict, name: str) -> None:
-    """Backward, clip, step; a NaN/inf loss or gradient skips the update and leaves the weights untouched."""
+def _optimizer_step(
+    loss: torch.Tensor, params: list, optimizers: list, grad_clip: float, stats: dict, name: str, accelerator=None
+) -> None:
+    """Backward, clip, step; a NaN/inf loss or gradient skips the update and leaves the weights untouched.
+
+    With several processes the loss's finiteness is agreed on first, so all of them step or none does."""
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
-    if torch.isfinite(loss):
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    finite = torch.isfinite(loss.detach())
+    if accelerator is not None and accelerator.num_processes > 1:
+        finite = accelerator.gather(finite.reshape(1)).all()
+    if finite:
+        if accelerator is not None:
+            accelerator.backward(loss)
+            grad_norm = accelerator.clip_grad_norm_(params, grad_clip)
+        else:
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
         if torch.isfinite(grad_norm):
             for opt in optimizers:
                 opt.step()
@@ -245,26 +294,31 @@ def update(
     targets: Targets,
     config: TrainConfig,
     generator: torch.Generator,
+    accelerator=None,
 ) -> dict[str, float]:
     """Critic first (its own pass, unless it shares the actor's forward), then the actor.
 
-    ``settings``: the algorithm's hyperparameters, registry defaults updated by ``config.algo_overrides``."""
+    ``settings``: the algorithm's hyperparameters, registry defaults updated by ``config.algo_overrides``.
+    ``model`` may be the accelerator's (DDP-wrapped) model: its forward syncs gradients across processes."""
     stats: dict[str, Any] = {}
+    inner = unwrap(model)
+    count = synced_minibatch_count(batch.num_rows, config.optim.minibatch_rows, accelerator)
     shared_critic = algo.needs_critic and config.model.critic == "shared"
     cliprange = settings.get("value_cliprange", 0.5)
     if algo.needs_critic and not shared_critic:
         for _ in range(config.optim.ppo_epochs):
-            for mb in minibatches(batch, config.optim.minibatch_rows, generator):
+            for mb in minibatches(batch, config.optim.minibatch_rows, generator, count):
                 values = model(mb.input_ids, mb.attention_mask, need_values=True, need_logp=False).values
                 loss, _ = _value_loss(algo, values, mb, targets, cliprange)
-                _optimizer_step(loss, list(model.critic_parameters()), [optimizers["critic"]], config.optim.grad_clip, stats, "critic")
+                _optimizer_step(loss, list(inner.critic_parameters()), [optimizers["critic"]],
+                                config.optim.grad_clip, stats, "critic", accelerator)
                 stats.setdefault("critic/loss", []).append(loss.item())
 
     kl_coef = settings.get("kl_coef", 0.0) if not settings.get("kl_in_reward") else 0.0
     entropy_coef = settings.get("entropy_coef", 0.0)
     ratio_mode = "capo" if algo.ratio_mode == "token" else algo.ratio_mode
     for _ in range(config.optim.ppo_epochs):
-        for mb in minibatches(batch, config.optim.minibatch_rows, generator):
+        for mb in minibatches(batch, config.optim.minibatch_rows, generator, count):
             out = model(
                 mb.input_ids,
                 mb.attention_mask,
@@ -290,13 +344,13 @@ def update(
                     loss = loss - entropy_coef * ent
                 stats.setdefault("actor/entropy", []).append(ent.item())
             stats.setdefault("actor/loss", []).append(loss.item())
-            params, opts = list(model.actor_parameters()), [optimizers["actor"]]
+            params, opts = list(inner.actor_parameters()), [optimizers["actor"]]
             if shared_critic:  # the head reads detached features: its loss moves only the head
                 v_loss, _ = _value_loss(algo, out.values, mb, targets, cliprange)
                 stats.setdefault("critic/loss", []).append(v_loss.item())
                 loss = loss + v_loss
-                params, opts = params + list(model.critic_parameters()), opts + [optimizers["critic"]]
-            _optimizer_step(loss, params, opts, config.optim.grad_clip, stats, "actor")
+                params, opts = params + list(inner.critic_parameters()), opts + [optimizers["critic"]]
+            _optimizer_step(loss, params, opts, config.optim.grad_clip, stats, "actor", accelerator)
             for key, value in diag.items():
                 stats.setdefault(f"actor/{key}", []).append(float(value))
             _ratio_spread(logp.detach(), mb, ratio_mode, stats)
@@ -328,16 +382,24 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
 # ----------------------------------------------------------------------------- evaluation
 
 
-def evaluate(model: ActorCritic, tokenizer, config: TrainConfig, envs: list[gym.Env], episodes: int) -> dict[str, float]:
-    """Greedy decoding on the first ``episodes`` tasks of the held-out split (the same tasks every time)."""
+def evaluate(
+    model: ActorCritic, tokenizer, config: TrainConfig, envs: list[gym.Env], episodes: int, accelerator=None
+) -> dict[str, float]:
+    """Greedy decoding on the first ``episodes`` tasks of the held-out split (the same tasks every time),
+    shared out among the processes."""
     task_ids = list(envs[0].unwrapped.task_ids())[:episodes]
-    backend = HFBackend(model.actor, tokenizer, batch_size=len(envs))
-    with evaluating(model):
-        trajectories = collect(
-            envs, backend, tokenizer, tasks_per_batch=len(task_ids), group_size=1, task_ids=task_ids,
-            max_action_tokens=config.rollout.max_action_tokens, max_prompt_tokens=config.rollout.max_prompt_tokens,
-            state=config.rollout.state, window=config.rollout.window, greedy=True, seed=config.seed,
-        )
+    if accelerator is not None:
+        task_ids = task_ids[accelerator.process_index :: accelerator.num_processes]
+    trajectories = []
+    if task_ids:
+        backend = HFBackend(model.actor, tokenizer, batch_size=len(envs))
+        with evaluating(model):
+            trajectories = collect(
+                envs, backend, tokenizer, tasks_per_batch=len(task_ids), group_size=1, task_ids=task_ids,
+                max_action_tokens=config.rollout.max_action_tokens, max_prompt_tokens=config.rollout.max_prompt_tokens,
+                state=config.rollout.state, window=config.rollout.window, greedy=True, seed=config.seed,
+            )
+    trajectories = gather_trajectories(trajectories, accelerator)
     return {f"eval/{k}": v for k, v in rollout_stats(trajectories).items()}
 
 
@@ -433,10 +495,13 @@ class Run:
     algo: Algorithm
     settings: dict
     reference: torch.nn.Module | None  # a frozen initial actor; None with LoRA (adapters off) or no KL
+    accelerator: Any = None
+    trainable: torch.nn.Module | None = None  # ``model`` as the accelerator prepared it (DDP-wrapped on >1 process)
 
 
 def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, float]:
-    config, model, tokenizer, algo = run.config, run.model, run.tokenizer, run.algo
+    config, model, tokenizer, algo, accelerator = run.config, run.model, run.tokenizer, run.algo, run.accelerator
+    rank = accelerator.process_index if accelerator is not None else 0
     start = time.perf_counter()
     backend = HFBackend(model.actor, tokenizer, batch_size=len(envs))
     trajectories = collect(
@@ -444,14 +509,16 @@ def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, flo
         tasks_per_batch=config.rollout.tasks_per_batch, group_size=group_size(config, run.settings),
         max_action_tokens=config.rollout.max_action_tokens, max_prompt_tokens=config.rollout.max_prompt_tokens,
         state=config.rollout.state, window=config.rollout.window, temperature=config.rollout.temperature,
-        seed=iteration_seed(config.seed, iteration),
+        seed=iteration_seed(config.seed, iteration, salt=104_729 * rank),  # each process its own tasks
     )
     rollout_s = time.perf_counter() - start
-    record = {"iteration": iteration + 1, **{f"rollout/{k}": v for k, v in rollout_stats(trajectories).items()}}
+    everyone = gather_trajectories(trajectories, accelerator)
+    record = {"iteration": iteration + 1, **{f"rollout/{k}": v for k, v in rollout_stats(everyone).items()}}
     batch = build_rows(trajectories, config.rollout.layout, backend.pad_id)
     if batch.num_actions == 0:
         return {**record, "time/rollout_s": rollout_s}
     batch.action_id = torch.arange(batch.num_actions)
+    batch = batch.to(backend.device)
     final_value = final_values(model, trajectories, batch, backend.pad_id) if algo.needs_critic else None
     targets = compute_targets(model, algo, config.algo_overrides, batch, final_value, run.reference)
     if targets.old_values is not None and targets.returns is not None:
@@ -459,7 +526,8 @@ def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, flo
         record["critic/explained_variance"] = explained_variance(targets.old_values[mask], targets.returns[mask])
     generator = torch.Generator().manual_seed(iteration_seed(config.seed, iteration, salt=1))
     update_start = time.perf_counter()
-    record |= update(model, run.optimizers, algo, run.settings, batch, targets, config, generator)
+    record |= update(run.trainable or model, run.optimizers, algo, run.settings, batch, targets, config, generator,
+                     accelerator)
     update_s = time.perf_counter() - update_start
     tokens = float(batch.action_mask.sum())
     record |= {
@@ -480,6 +548,8 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
 
     torch.manual_seed(config.seed)
     random.seed(config.seed)
+    accelerator = make_accelerator(config)
+    main = accelerator.is_main_process
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     algo, settings = algorithm_settings(config)
@@ -489,37 +559,51 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
         if model is None:
             model, tokenizer = build_model(config, algo)
         optimizers, state = _optimizers(model, config), RunState()
-        (out_dir / "log.jsonl").unlink(missing_ok=True)
+        if main:
+            (out_dir / "log.jsonl").unlink(missing_ok=True)
+    model.to(accelerator.device)
+    trainable, *prepared = accelerator.prepare(model, *optimizers.values())
+    optimizers = dict(zip(optimizers, prepared))
     reference = None
     if settings.get("kl_coef", 0.0) > 0 and not model.uses_lora:
-        reference = load_reference(model.meta["base"], dtype=getattr(torch, config.model.dtype))
-    run = Run(config, model, tokenizer, optimizers, algo, settings, reference)
-    logger = Logger(out_dir, config)
+        reference = load_reference(model.meta["base"], dtype=getattr(torch, config.model.dtype)).to(accelerator.device)
+    run = Run(config, model, tokenizer, optimizers, algo, settings, reference, accelerator, trainable)
+    logger = Logger(out_dir, config) if main else None
     n_envs = config.rollout.tasks_per_batch * group_size(config, settings)
     train_envs = make_envs(config, config.env.train_split, n_envs)
     eval_envs = make_envs(config, config.env.eval_split, min(config.eval_episodes, 16))
+
+    def checkpoint() -> None:
+        if main:
+            save(out_dir, model, tokenizer, optimizers, state, config)
+        accelerator.wait_for_everyone()
+
+    def log(record: dict) -> None:
+        state.history.append(record)
+        if logger is not None:
+            logger.log(record)
+
     try:
         if not state.sft_done:
             if config.sft.episodes > 0:
                 record = behaviour_clone(model, tokenizer, config, train_envs[0])
-                record |= evaluate(model, tokenizer, config, eval_envs, config.eval_episodes)
+                record |= evaluate(model, tokenizer, config, eval_envs, config.eval_episodes, accelerator)
                 record["iteration"] = 0
-                state.history.append(record)
-                logger.log(record)
-                print(f"after warm start: held-out success {record.get('eval/success', float('nan')):.3f}")
+                log(record)
+                if main:
+                    print(f"after warm start: held-out success {record.get('eval/success', float('nan')):.3f}")
             state.sft_done = True
-            save(out_dir, model, tokenizer, optimizers, state, config)
+            checkpoint()
         bar = tqdm(range(state.iteration, config.iterations), initial=state.iteration, total=config.iterations,
-                   desc=config.algo, disable=not progress)
+                   desc=config.algo, disable=not (progress and main))
         for iteration in bar:
             record = rl_iteration(run, iteration, train_envs)
             last = iteration + 1 == config.iterations
             if config.eval_every and ((iteration + 1) % config.eval_every == 0 or last):
-                record |= evaluate(model, tokenizer, config, eval_envs, config.eval_episodes)
+                record |= evaluate(model, tokenizer, config, eval_envs, config.eval_episodes, accelerator)
             state.iteration = iteration + 1
-            state.history.append(record)
-            logger.log(record)
-            save(out_dir, model, tokenizer, optimizers, state, config)
+            log(record)
+            checkpoint()
             bar.set_postfix(
                 reward=f"{record.get('rollout/reward_mean', 0):.2f}",
                 success=f"{record.get('rollout/success', 0):.2f}",
@@ -527,12 +611,14 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
                 tok_s=f"{record.get('throughput/rollout_tokens_per_s', 0):.0f}",
             )
     finally:
-        logger.close()
+        if logger is not None:
+            logger.close()
         for env in train_envs + eval_envs:
             env.close()
     summary = summarise_run(state.history, config)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot_curves(state.history, out_dir / "learning_curve.png", config.algo)
+    if main:
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        plot_curves(state.history, out_dir / "learning_curve.png", config.algo)
     return summary
 
 

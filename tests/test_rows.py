@@ -183,6 +183,20 @@ def test_minibatches_keep_actions_with_their_rows(layout):
     assert sorted(seen) == sorted(expected)
 
 
+@pytest.mark.parametrize("count", [1, 2, 3, 7])
+def test_minibatches_with_a_fixed_count(count):
+    """Data-parallel processes take the same number of steps: ``count`` chunks, every row in one of
+    them (reused cyclically only when there are fewer rows than chunks)."""
+    full = build_rows(golden_trajectories(), "per_action", pad_id=PAD)
+    chunks = list(minibatches(full, 2, torch.Generator().manual_seed(0), count=count))
+    assert len(chunks) == count and all(mb.num_rows >= 1 for mb in chunks)
+    used = sorted(a for mb in chunks for a in mb.action_id.tolist())
+    if count <= full.num_rows:
+        assert used == list(range(full.num_actions))
+    else:
+        assert set(used) == set(range(full.num_actions))
+
+
 def _random_concat_trajectories(vocab: int, gen: torch.Generator) -> list[Trajectory]:
     """Three trajectories of 1-4 actions with random ids, concatenated states, some empty observations."""
 
