@@ -50,10 +50,17 @@ class ChatFormat:
     If the action already ends with the first close token (the model sampled its end-of-turn EOS), that
     token is not repeated. Without a chat template: ``bos + "{system}\\n\\nUser: {obs}\\nAssistant:"``, then
     ``"\\nUser: {obs}\\nAssistant:"`` after each action (the action's EOS, if sampled, stays in the state).
+
+    Env text (system prompt, observations) never becomes control tokens: a passage that contains
+    ``<|im_end|>`` could otherwise close the user turn and forge an assistant turn. Each special token's
+    text gets a zero-width space after its first character, so it reads the same but tokenises as text.
     """
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        specials = set(getattr(tokenizer, "all_special_tokens", []))
+        specials |= {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
+        self._defuse = {t: t[0] + "\u200b" + t[1:] for t in sorted(specials, key=len, reverse=True) if len(t) > 1}
         self.templated = getattr(tokenizer, "chat_template", None) is not None
         self.close: list[int] = []
         if self.templated:
@@ -64,8 +71,16 @@ class ChatFormat:
     def _template(self, messages: list[dict[str, str]], **kwargs: Any) -> list[int]:
         return list(self.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False, **kwargs))
 
+    def text(self, env_text: str) -> str:
+        """``env_text`` with every special token's text defused (see the class docstring)."""
+        for token, safe in self._defuse.items():
+            if token in env_text:
+                env_text = env_text.replace(token, safe)
+        return env_text
+
     def first(self, system: str, obs: str) -> list[int]:
         """The first state: system prompt, first observation, assistant header."""
+        system, obs = self.text(system), self.text(obs)
         if self.templated:
             messages = [{"role": "system", "content": system}] if system else []
             return self._template(messages + [{"role": "user", "content": obs}], add_generation_prompt=True)
@@ -75,6 +90,7 @@ class ChatFormat:
 
     def next_turn(self, action_ids: Sequence[int], obs: str) -> list[int]:
         """Tokens between an action and the next one: end of the assistant turn, user turn, header."""
+        obs = self.text(obs)
         if not self.templated:
             return self.tokenizer.encode(PLAIN_TURN.format(obs=obs), add_special_tokens=False)
         full = self._template(self._ref + [{"role": "user", "content": obs}], add_generation_prompt=True)

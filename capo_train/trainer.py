@@ -14,7 +14,7 @@ iterations an uninterrupted run would have made.
 
 The loop runs on ``accelerate``: one process on the CPU, or ``accelerate launch`` / ``torchrun`` with one
 process per device, each collecting its own episodes, gradients averaged across processes; the main
-process logs, evaluates its share and writes the checkpoints.
+process logs and writes the checkpoints (every process evaluates its share of the held-out tasks).
 """
 
 from __future__ import annotations
