@@ -118,6 +118,30 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    """Train every (env, algo, seed) cell not yet done, then print the comparison table."""
+    import shlex
+
+    from .bench import load_grid, markdown_table, run_grid
+    from .config import ConfigError
+
+    flags = {"algos": args.algos, "envs": args.envs, "seeds": args.seeds, "out_dir": args.out}
+    try:
+        grid = load_grid(args.grid, args.overrides, {k: v for k, v in flags.items() if v is not None})
+    except (ConfigError, FileNotFoundError) as e:
+        raise SystemExit(f"capo: {e}") from None
+    given = [f"--{name} {shlex.quote(str(value))}" for name, value in vars(args).items()
+             if name in ("grid", "algos", "envs", "seeds", "out") and value is not None]
+    try:
+        rows = run_grid(grid, command=" ".join(["capo bench", *given, *map(shlex.quote, args.overrides)]))
+    except ConfigError as e:  # a cell started with other settings
+        raise SystemExit(f"capo: {e}") from None
+    out = Path(grid.out_dir)
+    print("\n" + markdown_table(rows, grid) + "\n")
+    print(f"results.csv, results.md, curves.png and grid.json in {out}; per-run logs in {out / 'runs'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="capo", description="capo-gym: text envs for LLM agents and CAPO.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -154,6 +178,16 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--episodes", type=int, default=100)
     evaluate.add_argument("env_kwargs", nargs="*", metavar="key=value")
     evaluate.set_defaults(func=_cmd_eval)
+
+    bench = sub.add_parser("bench", help="train a grid of algorithms x envs x seeds and compare them")
+    bench.add_argument("--grid", help="a YAML file of grid keys (see capo_train/bench.py: GridConfig)")
+    bench.add_argument("--algos", help="comma-separated algorithm names (default: every registered one)")
+    bench.add_argument("--envs", help="comma-separated env ids (default: capo/SynthHop-v0)")
+    bench.add_argument("--seeds", help="comma-separated seeds (default: 0,1,2)")
+    bench.add_argument("--out", help="grid folder: results.csv/.md, curves.png, runs/ (default: runs/bench)")
+    bench.add_argument("overrides", nargs="*", metavar="key=value",
+                       help="grid keys, e.g. iterations=4, or base.<train key>, e.g. base.model.path=DIR")
+    bench.set_defaults(func=_cmd_bench)
 
     # These two hand their arguments to modules with their own parsers.
     sub.add_parser("data", help="download and prepare datasets: capo data prepare|list|verify ...", add_help=False)

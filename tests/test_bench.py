@@ -1,0 +1,212 @@
+"""``capo bench`` end to end: a real 2 algorithms x 2 seeds grid with a tiny model built from a config."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import shutil
+import statistics
+
+import pytest
+import yaml
+
+from capo_train.bench import (
+    GridConfig,
+    cell_config,
+    cell_dir,
+    columns,
+    env_specs,
+    load_grid,
+    markdown_table,
+    read_log,
+    run_grid,
+    run_metrics,
+    summarise_seeds,
+)
+from capo_train.cli import main
+from capo_train.config import ConfigError
+from capo_train.models import make_tiny_llama
+
+# Two steps per episode keep the tiny tokenizer's prompts short (and the cells fast).
+ENV = {"id": "capo/SynthHop-v0", "kwargs": {"size": "tiny", "k": 1, "max_passage_chars": 40, "max_steps": 2},
+       "name": "synth-tiny"}
+ALGOS, SEEDS, TRAJECTORIES = ["capo", "grpo"], [0, 1], 4
+BASE = {  # the smallest budgets that still run every stage of a cell, end-of-run evaluation included
+    "model": {"lora": False},
+    "sft": {"episodes": 0},
+    "eval_episodes": 2,
+    "log_tensorboard": False,
+    "rollout": {"max_action_tokens": 8},
+    "optim": {"minibatch_rows": 4},
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    model, tokenizer = make_tiny_llama(hidden_size=16, num_layers=1, seed=0)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def bench(tiny_model_dir, tmp_path_factory):
+    """The grid run once through the CLI (YAML + flags + base.key=value overrides); tests read its files."""
+    root = tmp_path_factory.mktemp("bench")
+    grid_yaml = root / "grid.yaml"
+    grid_yaml.write_text(yaml.safe_dump(
+        {"envs": [ENV], "iterations": 1, "trajectories_per_iteration": TRAJECTORIES, "group_size": 2, "base": BASE}
+    ))
+    out = root / "out"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        main(["bench", "--grid", str(grid_yaml), "--algos", ",".join(ALGOS), "--seeds", "0,1", "--out", str(out),
+              f"base.model.path={tiny_model_dir}"])
+    grid = load_grid(grid_yaml, [f"base.model.path={tiny_model_dir}", "algos=capo,grpo", "seeds=0,1", f"out_dir={out}"])
+    return grid, out, stdout.getvalue()
+
+
+def logs(grid, algo):
+    env = env_specs(grid)[0]
+    return {seed: read_log(cell_dir(grid, env, algo, seed) / "log.jsonl") for seed in grid.seeds}
+
+
+def test_every_cell_is_trained_and_every_result_file_written(bench):
+    grid, out, stdout = bench
+    for algo in ALGOS:
+        for seed in SEEDS:
+            summary = json.loads((out / "runs" / "synth-tiny" / algo / f"seed-{seed}" / "summary.json").read_text())
+            assert summary["algo"] == algo and summary["iterations"] == 1
+    assert (out / "curves.png").stat().st_size > 1000
+    assert json.loads((out / "grid.json").read_text())["algos"] == ALGOS
+    md = (out / "results.md").read_text()
+    assert md.startswith("Grid: `capo bench --grid") and "base.model.path=" in md.splitlines()[0]
+    table = markdown_table(run_grid(grid), grid)  # everything done: only re-aggregates
+    assert table in md and table in stdout and f"in {out}" in stdout
+    assert "| synth-tiny | grpo | 2/2 |" in table and " ± " in table
+
+
+def test_csv_means_and_stds_match_the_per_run_summaries_and_logs(bench):
+    grid, out, _ = bench
+    rows = {r["algo"]: r for r in csv.DictReader((out / "results.csv").read_text().splitlines())}
+    assert set(rows) == set(ALGOS)
+    for algo in ALGOS:
+        row, runs = rows[algo], logs(grid, algo)
+        dirs = [cell_dir(grid, env_specs(grid)[0], algo, seed) for seed in SEEDS]
+        summaries = [json.loads((d / "summary.json").read_text()) for d in dirs]
+        by_hand = {
+            "success": [s["eval_success_final"] for s in summaries],
+            "seconds_per_iteration": [s["seconds_per_iteration"] for s in summaries],
+            "trajectories": [sum(r["rollout/episodes"] for r in runs[s] if r["iteration"] >= 1) for s in SEEDS],
+            "env_em": [runs[s][-1]["eval/env_em"] for s in SEEDS],
+            "env_f1": [runs[s][-1]["eval/env_f1"] for s in SEEDS],
+        }
+        assert row["seeds_done"] == "2" and row["env"] == "synth-tiny"
+        for name, values in by_hand.items():
+            assert float(row[f"{name}_mean"]) == pytest.approx(statistics.fmean(values)), (algo, name)
+            assert float(row[f"{name}_std"]) == pytest.approx(statistics.stdev(values), abs=1e-12), (algo, name)
+
+
+def test_group_methods_get_the_same_trajectories_per_iteration(bench):
+    grid, _, _ = bench
+    env = env_specs(grid)[0]
+    rollouts = {a: cell_config(grid, env, a, 0).rollout for a in ALGOS}
+    shapes = {a: (r.tasks_per_batch, r.group_size) for a, r in rollouts.items()}
+    assert shapes == {"capo": (4, 1), "grpo": (2, 2)}
+    for algo in ALGOS:
+        for records in logs(grid, algo).values():
+            rl = [r for r in records if r["iteration"] >= 1]
+            assert [r["rollout/episodes"] for r in rl] == [TRAJECTORIES] * grid.iterations, algo
+            assert "eval/success" in rl[-1]  # evaluated at the end of the cell
+
+
+def test_a_second_run_skips_finished_cells_and_redoes_only_a_missing_one(bench, tmp_path):
+    grid, out, _ = bench
+    moved = tmp_path / "moved"  # a grid folder can move: the cells are found relative to it
+    shutil.copytree(out, moved)
+    grid.out_dir = str(moved)
+    env = env_specs(grid)[0]
+    redo = cell_dir(grid, env, "grpo", 1)
+    (redo / "summary.json").unlink()
+    others = [cell_dir(grid, env, a, s) for a, s in (("capo", 0), ("capo", 1), ("grpo", 0))]
+    before = {p: p.stat().st_mtime_ns for d in others for p in d.rglob("*") if p.is_file()}
+    redo_log = (redo / "log.jsonl").read_text()
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        run_grid(grid)
+    assert stdout.getvalue().count("done, skipped") == 3 and "grpo/seed-1: training" in stdout.getvalue()
+    assert {p: p.stat().st_mtime_ns for d in others for p in d.rglob("*") if p.is_file()} == before
+    # It resumes from its final checkpoint: the summary comes back and no iteration is run again.
+    assert (redo / "summary.json").exists() and (redo / "log.jsonl").read_text() == redo_log
+
+
+def test_a_finished_grid_rerun_with_other_settings_is_refused(bench):
+    _, out, _ = bench
+    changed = load_grid(out / "grid.json", ["base.optim.actor_lr=3e-4"])
+    before = (out / "grid.json").read_text()
+    with pytest.raises(ConfigError, match=r"started with other settings \(optim.actor_lr: 0.0001 -> 0.0003\)"):
+        run_grid(changed)
+    assert (out / "grid.json").read_text() == before  # refused before anything was written
+
+
+def test_aggregation_of_hand_written_records(tmp_path):
+    log = tmp_path / "log.jsonl"
+    records = [
+        {"iteration": 0, "eval/success": 1.0, "eval/env_em": 1.0},  # the warm start: not the final evaluation
+        {"iteration": 1, "rollout/episodes": 4.0, "rollout/success": 0.0, "time/iteration_s": 9.0},
+        {"iteration": 1, "rollout/episodes": 4.0, "rollout/success": 0.0, "time/iteration_s": 2.0},  # resumed
+        {"iteration": 2, "rollout/episodes": 4.0, "time/iteration_s": 4.0, "eval/success": 0.5, "eval/env_em": 0.5},
+    ]
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    first = run_metrics(read_log(log))
+    assert first == {"trajectories": 8.0, "seconds_per_iteration": 3.0, "success": 0.5, "env_em": 0.5}
+    second = run_metrics([{"iteration": 1, "rollout/episodes": 4.0, "eval/success": 0.0}])  # no EM, no timing
+    row = summarise_seeds([first, second])
+    assert row["seeds_done"] == 2
+    assert row["success_mean"] == 0.25 and row["success_std"] == pytest.approx(statistics.stdev([0.5, 0.0]))
+    assert row["env_em_mean"] == 0.5 and row["env_em_std"] is None  # one seed reports it: no std
+    assert row["trajectories_mean"] == 6.0 and row["trajectories_std"] == pytest.approx(statistics.stdev([8, 4]))
+    assert "env_f1_mean" not in row
+    assert summarise_seeds([]) == {"seeds_done": 0}
+    rows = [{"env": "e", "algo": "a", "group_size": 1} | row]
+    assert "env_f1_mean" not in columns(rows) and "env_em_mean" in columns(rows)
+    grid = GridConfig(algos=["a"], seeds=[0, 1])
+    assert "| e | a | 2/2 | 0.250 ± 0.354 | 0.500 | 6 ± 3 | 3.00 |" in markdown_table(rows, grid)
+
+
+def test_grid_yaml_overrides_merge_and_cells_get_their_shapes(tmp_path):
+    path = tmp_path / "g.yaml"
+    base = {"model": {"path": "m"}, "optim": {"actor_lr": 1e-5}}
+    path.write_text(yaml.safe_dump({"algos": ["capo", "rloo"], "base": base}))
+    grid = load_grid(path, ["base.optim.critic_lr=2e-3", "seeds=3", "envs=capo/SynthHop-v0", "iterations=5"])
+    assert grid.base == {"model": {"path": "m"}, "optim": {"actor_lr": 1e-5, "critic_lr": 2e-3}}
+    assert grid.seeds == [3] and grid.envs == ["capo/SynthHop-v0"]
+    config = cell_config(grid, env_specs(grid)[0], "rloo", 3)
+    assert (config.rollout.tasks_per_batch, config.rollout.group_size) == (2, 4)
+    assert config.eval_every == 5 and config.optim.actor_lr == 1e-5 and config.model.path == "m"
+    assert config.env.kwargs == {"size": "small", "k": 2, "max_passage_chars": 200}  # an id alone: the default kwargs
+    assert config.out_dir.endswith("runs/capo_SynthHop-v0/rloo/seed-3")
+    assert GridConfig().algos[:2] == ["capo", "ppo"] and len(GridConfig().algos) >= 8  # default: every algorithm
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["algos=capo,nope"], "unknown algorithm 'nope'"),
+    (["envs=capo/SynthHopp-v0"], "unknown env 'capo/SynthHopp-v0'; did you mean 'capo/SynthHop-v0'"),
+    (["iteratons=3"], "did you mean 'iterations'"),
+    (["base.optim.lr=1"], "unknown config key 'base.optim.lr'"),
+    (["base.seed=3"], "base.seed is set by the grid; use the grid key 'seeds'"),
+    (["trajectories_per_iteration=6"], "multiple of group_size"),
+    (["seeds=a,b"], "seeds expects integers"),
+    (["envs=[{id: capo/SynthHop-v0}, {id: capo/SynthHop-v0}]"], "distinct `name`s"),
+])
+def test_clear_errors_before_any_training(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_grid(None, overrides)
+
+
+def test_cli_bench_rejects_an_unknown_algorithm():
+    with pytest.raises(SystemExit, match="capo: unknown algorithm 'nope'"):
+        main(["bench", "--algos", "capo,nope"])
