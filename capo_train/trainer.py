@@ -65,15 +65,25 @@ def resolve_model_path(path: str) -> str:
     return path
 
 
-def algorithm_settings(config: TrainConfig) -> tuple[Algorithm, dict[str, Any]]:
-    """The algorithm and its hyperparameters: registry defaults updated by ``algo_overrides``."""
-    algo = ALGORITHMS[config.algo]
+def _known_settings(algo: Algorithm) -> set[str]:
     known = set(algo.defaults) | set(inspect.signature(algo.estimator).parameters)
-    known |= set(inspect.signature(algo.policy_loss).parameters)
-    unknown = set(config.algo_overrides) - known
+    return known | set(inspect.signature(algo.policy_loss).parameters)
+
+
+def algorithm_settings(config: TrainConfig) -> tuple[Algorithm, dict[str, Any]]:
+    """The algorithm and its hyperparameters: registry defaults updated by ``algo_overrides``.
+
+    A key this algorithm does not use but another registered one does (``whiten_std_floor`` for GRPO,
+    say) is dropped, so one set of overrides serves a whole benchmark grid; a key no algorithm uses is an
+    error (a typo)."""
+    algo = ALGORITHMS[config.algo]
+    known = _known_settings(algo)
+    elsewhere = set().union(*(_known_settings(a) for a in ALGORITHMS.values()))
+    unknown = set(config.algo_overrides) - elsewhere
     if unknown:
         raise ValueError(f"{config.algo}: unknown algo_overrides {sorted(unknown)}; known: {sorted(known)}")
-    return algo, {**algo.defaults, **config.algo_overrides}
+    overrides = {k: v for k, v in config.algo_overrides.items() if k in known}
+    return algo, {**algo.defaults, **overrides}
 
 
 def accepted_by(algo: Algorithm, fn, overrides: dict) -> dict:
@@ -375,8 +385,10 @@ def _summarise(stats: dict) -> dict[str, float]:
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
+    """1 - Var(returns - values) / Var(returns); NaN when the returns hardly vary (a batch in which every
+    episode failed), where the ratio says nothing about the critic."""
     var = returns.var()
-    return float(1 - (returns - values).var() / var) if var > 0 else float("nan")
+    return float(1 - (returns - values).var() / var) if var > 1e-6 else float("nan")
 
 
 # ----------------------------------------------------------------------------- evaluation

@@ -207,6 +207,20 @@ def test_whiten_edge_cases():
     close(whiten(torch.zeros(0)), torch.zeros(0))
 
 
+def test_whiten_std_floor_keeps_noise_small():
+    """All episodes failed: the advantages are critic noise; plain whitening makes it unit-scale, the
+    floor leaves it at noise scale, and a batch with real signal (std above the floor) is unaffected."""
+    noise = t(1e-3, -2e-3, 0.5e-3, 0.5e-3)
+    assert whiten(noise).abs().max() > 1
+    assert whiten(noise, std_floor=0.1).abs().max() < 0.03
+    signal = t(1, 0, 0, 0)
+    close(whiten(signal, std_floor=0.1), whiten(signal))
+    b = StepBatch(reward=t(0, 0, 0, 0), traj_index=torch.tensor([0, 0, 1, 1]),
+                  step_index=torch.tensor([0, 1, 0, 1]), values=noise)
+    assert E.capo(b, whiten_std_floor=0.1).advantages.abs().max() < 0.05
+    assert E.capo(b).advantages.abs().max() > 1
+
+
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_estimators_ignore_row_order(name):
     gen = torch.Generator().manual_seed(0)

@@ -40,3 +40,14 @@ def test_bad_config_has_a_clear_message(overrides, message):
 
 def test_parse_overrides_nests():
     assert parse_overrides(["a.b.c=1", "a.d=x", "e="]) == {"a": {"b": {"c": 1}, "d": "x"}, "e": ""}
+
+
+def test_algo_overrides_another_algorithm_uses_are_dropped_typos_are_errors():
+    from capo_train.trainer import algorithm_settings
+
+    _, settings = algorithm_settings(load_config(None, ["algo=capo", "algo_overrides={whiten_std_floor: 0.1}"]))
+    assert settings["whiten_std_floor"] == 0.1
+    _, settings = algorithm_settings(load_config(None, ["algo=grpo", "algo_overrides={whiten_std_floor: 0.1}"]))
+    assert "whiten_std_floor" not in settings  # GRPO does not whiten over the batch
+    with pytest.raises(ValueError, match="gammma"):
+        algorithm_settings(load_config(None, ["algo=capo", "algo_overrides={gammma: 0.9}"]))

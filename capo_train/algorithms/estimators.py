@@ -73,19 +73,23 @@ class Estimate(NamedTuple):
 # ----------------------------------------------------------------------------- generic pieces
 
 
-def whiten(values: Tensor, mask: Tensor | None = None, eps: float = 1e-8) -> Tensor:
-    """Masked whitening ``(x - mean) / (std + eps)`` with torch's unbiased std; 0 outside the mask.
+def whiten(values: Tensor, mask: Tensor | None = None, eps: float = 1e-8, std_floor: float = 0.0) -> Tensor:
+    """Masked whitening ``(x - mean) / (max(std, std_floor) + eps)`` with torch's unbiased std; 0 outside
+    the mask.
 
     Any shape; the statistics are over all masked entries together (step level for ``[B]`` row
     advantages, token level for ``[B, L]``). With 0 or 1 entry the std is taken as 0 (not NaN), so a
-    single entry whitens to 0.
+    single entry whitens to 0. ``std_floor`` (0: plain whitening, the paper's): a batch in which every
+    episode failed has advantages that are only critic noise (~1e-3 from a fresh value head), which plain
+    whitening blows up to unit scale, so the actor takes full-size steps in random directions; a floor
+    on the std (in reward units, e.g. 0.1 for 0/1 rewards) keeps such batches' steps small.
     """
     m = torch.ones_like(values, dtype=torch.bool) if mask is None else mask.bool()
     n = m.sum()
     mean = torch.where(m, values, 0).sum() / n.clamp(min=1)
     centred = torch.where(m, values - mean, 0)
     var = (centred**2).sum() / (n - 1).clamp(min=1)  # unbiased, like torch.std; n <= 1 gives 0
-    return torch.where(m, centred / (var.sqrt() + eps), 0)
+    return torch.where(m, centred / (var.sqrt().clamp(min=std_floor) + eps), 0)
 
 
 def discounted_cumsum(x: Tensor, mask: Tensor, discount: float) -> Tensor:
@@ -249,6 +253,7 @@ def capo(
     lam: float = 1.0,
     bootstrap_truncated: bool = True,
     whiten_advantages: bool = True,
+    whiten_std_floor: float = 0.0,
 ) -> Estimate:
     """CAPO / StepPO credit assignment: action-level GAE with the boundary critic (spec 1.2-1.4).
 
@@ -256,7 +261,8 @@ def capo(
     Rows -> ``[N, T]`` by (traj, step), :func:`action_gae`, back to rows; advantages whitened at the step
     level over all rows (``whiten_advantages``); returns = raw A + V (critic targets, not whitened).
     ``bootstrap_truncated=False`` reproduces the authors' code: V after the last action is 0 even for
-    truncated (max-steps) trajectories. Returns ``Estimate([B], [B])``.
+    truncated (max-steps) trajectories. ``whiten_std_floor``: see :func:`whiten`. Returns
+    ``Estimate([B], [B])``.
     """
     values = _require(batch, "values")
     traj, pos, N, T = _trajectory_layout(batch.traj_index, batch.step_index)
@@ -271,7 +277,7 @@ def capo(
         lam,
     )
     adv_rows, ret_rows = adv[traj, pos], ret[traj, pos]  # [B], [B]
-    return Estimate(whiten(adv_rows) if whiten_advantages else adv_rows, ret_rows)
+    return Estimate(whiten(adv_rows, std_floor=whiten_std_floor) if whiten_advantages else adv_rows, ret_rows)
 
 
 # ----------------------------------------------------------------------------- token-level GAE (PPO)
@@ -285,6 +291,7 @@ def ppo(
     lam: float = 1.0,
     bootstrap_truncated: bool = True,
     whiten_advantages: bool = True,
+    whiten_std_floor: float = 0.0,
 ) -> Estimate:
     """PPO's token GAE over action tokens across steps (spec 6, authors' ``token_gae``).
 
@@ -293,8 +300,8 @@ def ppo(
     rows, so they are skipped without advancing the recursion), then :func:`action_gae` runs over that
     token sequence with gamma/lam PER TOKEN. The last token of step t bootstraps from the first action
     token value of step t+1 (= that step's boundary value); the trajectory's last token from 0 (or
-    ``final_value`` when truncated and ``bootstrap_truncated``). Token-level masked whitening.
-    Returns ``Estimate([B, L], [B, L])``.
+    ``final_value`` when truncated and ``bootstrap_truncated``). Token-level masked whitening
+    (``whiten_std_floor``: see :func:`whiten`). Returns ``Estimate([B, L], [B, L])``.
     """
     mask = _require(batch, "response_mask").bool()
     token_values = _require(batch, "token_values")
@@ -320,7 +327,7 @@ def ppo(
     adv = torch.zeros(mask.shape, dtype=adv_p.dtype, device=mask.device)
     ret = torch.zeros_like(adv)
     adv[b, j], ret[b, j] = adv_p[n, k], ret_p[n, k]
-    return Estimate(whiten(adv, mask) if whiten_advantages else adv, ret)
+    return Estimate(whiten(adv, mask, std_floor=whiten_std_floor) if whiten_advantages else adv, ret)
 
 
 # ----------------------------------------------------------------------------- critic-free, group based
@@ -370,38 +377,38 @@ def rloo(batch: StepBatch) -> Estimate:
 
 
 @torch.no_grad()
-def reinforce_pp(batch: StepBatch, *, gamma: float = 1.0) -> Estimate:
+def reinforce_pp(batch: StepBatch, *, gamma: float = 1.0, whiten_std_floor: float = 0.0) -> Estimate:
     """REINFORCE++ as the authors run it on step rows (spec 6): per-row token returns, global whitening.
 
     ``G_{t,j} = sum_{k >= j} gamma^{k-j} r_{t,k}`` over the row's OWN action tokens (the return does not
     cross step rows: earlier steps only see their own rewards), then masked whitening over all action
     tokens of the batch. The token rewards are meant to include ``-kl_coef * k1`` per token: run the batch
     through :func:`apply_kl_in_reward` first (``Algorithm.estimate`` does), which needs ``token_kl``.
-    Needs ``response_mask``. Returns ``Estimate([B, L], G [B, L])``.
+    Needs ``response_mask``; ``whiten_std_floor``: see :func:`whiten`. Returns ``Estimate([B, L], G [B, L])``.
     """
     mask = _require(batch, "response_mask").bool()
     G = discounted_cumsum(_token_rewards(batch), mask, gamma)  # [B, L]
-    return Estimate(whiten(G, mask), G)
+    return Estimate(whiten(G, mask, std_floor=whiten_std_floor), G)
 
 
 @torch.no_grad()
-def reinforce_pp_baseline(batch: StepBatch, *, whiten_level: str = "token") -> Estimate:
+def reinforce_pp_baseline(batch: StepBatch, *, whiten_level: str = "token", whiten_std_floor: float = 0.0) -> Estimate:
     """REINFORCE++-baseline: ``R_i - mean_G R`` (singleton: mean 0), broadcast to rows, global whitening.
 
     ``whiten_level="token"`` (default, verl's ``masked_whiten`` of the broadcast ``[B, L]`` scores): the
     statistics weigh each row by its number of action tokens (needs ``response_mask``);
     ``"row"``: every row counts once. The advantage is constant over a row's tokens, so the result is
-    returned per row. Returns ``Estimate([B], R_i per row [B])``.
+    returned per row. ``whiten_std_floor``: see :func:`whiten`. Returns ``Estimate([B], R_i per row [B])``.
     """
     R, group, traj = _trajectory_returns(batch)
     mean, _, count = _group_mean_std(R, group)
     scores = (R - torch.where(count < 2, 0, mean))[traj]  # [B]
     if whiten_level == "row":
-        return Estimate(whiten(scores), R[traj])
+        return Estimate(whiten(scores, std_floor=whiten_std_floor), R[traj])
     if whiten_level != "token":
         raise ValueError(f"whiten_level must be 'token' or 'row', got {whiten_level!r}")
     mask = _require(batch, "response_mask").bool()
-    tok = whiten(torch.where(mask, scores[:, None], 0), mask)  # [B, L]
+    tok = whiten(torch.where(mask, scores[:, None], 0), mask, std_floor=whiten_std_floor)  # [B, L]
     adv = tok.sum(-1) / mask.sum(-1).clamp(min=1)  # back to one value per row (rows are constant)
     return Estimate(adv, R[traj])
 
