@@ -118,6 +118,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .models import export_actor
+
+    checkpoint = Path(args.checkpoint)
+    if (checkpoint / "checkpoint").is_dir():  # a run folder: use its checkpoint
+        checkpoint = checkpoint / "checkpoint"
+    print(f"actor written to {export_actor(checkpoint, args.out)} (use it as model.path=...)")
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     """Train every (env, algo, seed) cell not yet done, then print the comparison table."""
     import shlex
@@ -178,6 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--episodes", type=int, default=100)
     evaluate.add_argument("env_kwargs", nargs="*", metavar="key=value")
     evaluate.set_defaults(func=_cmd_eval)
+
+    export = sub.add_parser("export", help="write a checkpoint's actor as a plain HF model folder (LoRA merged)")
+    export.add_argument("--checkpoint", required=True, help="a run folder or its checkpoint/")
+    export.add_argument("--out", required=True, help="the model folder to write")
+    export.set_defaults(func=_cmd_export)
 
     bench = sub.add_parser("bench", help="train a grid of algorithms x envs x seeds and compare them")
     bench.add_argument("--grid", help="a YAML file of grid keys (see capo_train/bench.py: GridConfig)")

@@ -563,6 +563,18 @@ def load_checkpoint(
     return ActorCritic(actor, critic, meta=meta), tokenizer
 
 
+def export_actor(checkpoint: str | Path, out_dir: str | Path) -> Path:
+    """Write a checkpoint's actor as a plain Hugging Face model folder (LoRA adapters merged into the
+    base weights) plus its tokenizer: what ``model.path`` or any HF tool loads. A warm start exported
+    once can then seed every run of a benchmark grid (``sft.episodes=0``)."""
+    model, tokenizer = load_checkpoint(checkpoint)
+    actor = model.actor.merge_and_unload() if model.uses_lora else model.actor
+    out_dir = Path(out_dir)
+    actor.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
 # ----------------------------------------------------------------------------- tiny test models
 
 

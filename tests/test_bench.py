@@ -26,7 +26,7 @@ from capo_train.bench import (
     summarise_seeds,
 )
 from capo_train.cli import main
-from capo_train.config import ConfigError
+from capo_train.config import ConfigError, TrainConfig
 from capo_train.models import make_tiny_llama
 
 # Two steps per episode keep the tiny tokenizer's prompts short (and the cells fast).
@@ -147,7 +147,8 @@ def test_a_finished_grid_rerun_with_other_settings_is_refused(bench):
     _, out, _ = bench
     changed = load_grid(out / "grid.json", ["base.optim.actor_lr=3e-4"])
     before = (out / "grid.json").read_text()
-    with pytest.raises(ConfigError, match=r"started with other settings \(optim.actor_lr: 0.0001 -> 0.0003\)"):
+    was = TrainConfig().optim.actor_lr
+    with pytest.raises(ConfigError, match=rf"started with other settings \(optim.actor_lr: {was} -> 0.0003\)"):
         run_grid(changed)
     assert (out / "grid.json").read_text() == before  # refused before anything was written
 
@@ -187,7 +188,7 @@ def test_grid_yaml_overrides_merge_and_cells_get_their_shapes(tmp_path):
     config = cell_config(grid, env_specs(grid)[0], "rloo", 3)
     assert (config.rollout.tasks_per_batch, config.rollout.group_size) == (2, 4)
     assert config.eval_every == 5 and config.optim.actor_lr == 1e-5 and config.model.path == "m"
-    assert config.env.kwargs == {"size": "small", "k": 2, "max_passage_chars": 200}  # an id alone: the default kwargs
+    assert config.env.kwargs == TrainConfig().env.kwargs  # an id alone: the default kwargs
     assert config.out_dir.endswith("runs/capo_SynthHop-v0/rloo/seed-3")
     assert GridConfig().algos[:2] == ["capo", "ppo"] and len(GridConfig().algos) >= 8  # default: every algorithm
 

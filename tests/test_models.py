@@ -217,6 +217,22 @@ def test_save_load_round_trip(tiny_dir, tmp_path, critic, lora):
     )
 
 
+@pytest.mark.parametrize("lora", [None, pytest.param(M.LoraSettings(r=4), marks=needs_peft)])
+def test_exported_actor_is_a_plain_model_with_the_trained_weights(tiny_dir, tmp_path, lora):
+    ac, tokenizer = M.build_actor_critic(tiny_dir, critic="shared", lora=lora)
+    ids, mask = batch()
+    opt = torch.optim.Adam(list(ac.actor_parameters()), lr=1e-2)
+    (-ac(ids, mask, need_values=False).logp.sum()).backward()
+    opt.step()
+    before = M.score(ac, ids, mask, need_values=False).logp
+    M.save_checkpoint(tmp_path / "ckpt", ac, tokenizer)
+    M.export_actor(tmp_path / "ckpt", tmp_path / "model")
+    assert not (tmp_path / "model" / "adapter_config.json").exists()  # merged: no peft folder
+    actor, _ = M.load_actor(tmp_path / "model")
+    after = M.score(M.ActorCritic(actor), ids, mask, need_values=False).logp
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=0)
+
+
 def test_gradient_checkpointing_same_grads(tiny_dir):
     ids, mask = batch()
     grads = []
