@@ -27,7 +27,6 @@ from capo_train.bench import (
 )
 from capo_train.cli import main
 from capo_train.config import ConfigError, TrainConfig
-from capo_train.models import make_tiny_llama
 
 # Two steps per episode keep the tiny tokenizer's prompts short (and the cells fast).
 ENV = {"id": "capo/SynthHop-v0", "kwargs": {"size": "tiny", "k": 1, "max_passage_chars": 40, "max_steps": 2},
@@ -41,15 +40,6 @@ BASE = {  # the smallest budgets that still run every stage of a cell, end-of-ru
     "rollout": {"max_action_tokens": 8},
     "optim": {"minibatch_rows": 4},
 }
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model, tokenizer = make_tiny_llama(hidden_size=16, num_layers=1, seed=0)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,6 @@ import textwrap
 
 import pytest
 
-from capo_train.models import make_tiny_llama
-
 WORKER = textwrap.dedent(
     """
     import hashlib, sys
@@ -57,15 +55,12 @@ def free_port() -> int:
 
 
 @pytest.mark.timeout(600)
-def test_two_processes_train_in_lockstep(tmp_path):
-    model, tokenizer = make_tiny_llama(hidden_size=16, num_layers=1, seed=0)
-    model.save_pretrained(tmp_path / "model")
-    tokenizer.save_pretrained(tmp_path / "model")
+def test_two_processes_train_in_lockstep(tiny_model_dir, tmp_path):
     (tmp_path / "worker.py").write_text(WORKER)
     out = tmp_path / "out"
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-        "--master_port", str(free_port()), str(tmp_path / "worker.py"), str(tmp_path / "model"), str(out),
+        "--master_port", str(free_port()), str(tmp_path / "worker.py"), str(tiny_model_dir), str(out),
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=540, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]

@@ -10,7 +10,7 @@ import torch
 
 from capo_train.algorithms import ALGORITHMS
 from capo_train.config import load_config
-from capo_train.models import load_checkpoint, make_tiny_llama
+from capo_train.models import load_checkpoint
 from capo_train.trainer import CHECKPOINT, train
 
 SMALL_RUN = [
@@ -27,15 +27,6 @@ SMALL_RUN = [
     "log_tensorboard=false",
     "algo_overrides={kl_coef: 0.001}",  # the CPU default turns KL off; the tests keep the reference path covered
 ]
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model, tokenizer = make_tiny_llama(hidden_size=16, num_layers=1, seed=0)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 def config_for(model_dir, out_dir, *extra):
