@@ -72,8 +72,6 @@ class SFTConfig:
     length_buckets: bool = False  # mini-batches of rows of similar length (less padding), in shuffled order
     state_loss_coef: float = 0.0  # weight of a next-token loss on state tokens (question, passages), for
     # models trained from scratch (capo_train.tiny_lm): it teaches them to read the world's text
-    max_actions: int = 0  # clone only each expert episode's first N actions (0: all); 1 = short rows that
-    # teach a model from scratch to copy the question's entity into its first query, cheaply
 
 
 @dataclass

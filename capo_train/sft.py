@@ -82,7 +82,7 @@ def lr_factor(step: int, total: int, warmup_frac: float, schedule: str) -> float
     first ``warmup_frac`` of the steps, then constant or a cosine decay to 0 (reached after the last step)."""
     if schedule not in ("constant", "cosine"):
         raise ValueError(f"sft.lr_schedule must be 'constant' or 'cosine', got {schedule!r}")
-    warmup = int(round(warmup_frac * total))
+    warmup = round(warmup_frac * total)
     if step < warmup:
         return (step + 1) / (warmup + 1)
     if schedule == "constant":

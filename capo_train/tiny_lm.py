@@ -2,10 +2,39 @@
 world's own text and a randomly initialised ``LlamaForCausalLM``, saved as a Hugging Face folder that
 ``capo_train.models.load_actor`` loads (so ``capo sft``/``capo train model.path=DIR model.lora=false``).
 
-Status (2026-11-30, work in progress): no recipe found yet that solves bridge questions. The best measured,
-the "small" preset (8k vocab, hidden 128, 4 layers) behaviour-cloned on 2000 expert episodes x 3 epochs
-(535 s on 2 busy cores), reached 16% greedy held-out success: 0% on bridges, 32% on yes/no comparisons,
-support recall 0.10. It does not yet copy entity names from passages into its queries.
+The tokenizer: byte-level BPE (a vocabulary of 8192 by default) over the world's passages, the train split's
+questions and expert actions, and the protocol instructions; ChatML specials with SmolLM2's roles
+(``<|im_start|>`` bos, ``<|im_end|>`` eos = pad, left padding) and a ChatML chat template. A space before
+a capital or a digit is its own token, so a name has the same ids in a question, a passage and a query
+(with 8192 tokens most name words are one token), and the protocol's tags and its whole instructions are
+one token each (an episode's packed row is ~230 tokens instead of ~400). The model ("small" preset):
+4 layers, hidden 128, 1.84M parameters of which 1.05M are the tied embeddings.
+
+Recipe (measured on this repo's 2 CPU cores shared with other jobs, load average 3-4, torch on 1 thread):
+
+    OMP_NUM_THREADS=1 python -m capo_train.tiny_lm --out runs/tiny-lm                    # ~10 s
+    OMP_NUM_THREADS=1 capo sft model.path=runs/tiny-lm model.lora=false \
+        sft.episodes=1000 sft.epochs=6 sft.minibatch_rows=8 sft.lr=3e-3 sft.warmup_frac=0.05 \
+        sft.lr_schedule=cosine sft.length_buckets=true sft.state_loss_coef=1.0 \
+        env.kwargs="{size: small, k: 1, max_passage_chars: 200, question_kinds: [bridge-2, comparison]}" \
+        out_dir=runs/tiny-sft                                                              # 6-7 min
+    OMP_NUM_THREADS=1 capo train model.path=runs/tiny-sft/checkpoint/actor model.lora=false sft.episodes=0 \
+        env.kwargs="{size: small, k: 1, max_passage_chars: 200, question_kinds: [bridge-2, comparison]}" ...
+
+Measured (seeds 0 and 1: ``--seed`` and ``seed=``): behaviour cloning took 397 s / 333 s (``time/sft_s``);
+greedy success on all 100 dev questions of those kinds 16% / 17% (comparison 32% / 34%, bridge-2 0% /
+0%; support recall 0.17 / 0.18; invalid actions 0% / 3%). An RL iteration of 8 trajectories then takes
+~0.5 s (capo; grpo with 2 tasks x 4), grpo's default 8 x 8 ~2.9 s. The success is nearly all
+comparisons answered at about chance (yes/no, or one of the two names): the model copies the question's
+entity into its first query for only about a fifth of held-out questions and never completes a bridge.
+Keep ``OMP_NUM_THREADS=1`` while the cores are shared: with 2 threads an iteration took 3-15x longer.
+
+What did not help within ~10 minutes (measured on dev): cloning without ``sft.state_loss_coef`` (13%,
+support recall 0.005: no copying at all); the same model on all four question kinds (8.5%: bridges 0-2%);
+a 2048-token vocabulary (names of ~5 tokens: no better copying, longer rows); ``pretrain_steps``
+(next-token training on the world's passages and the train questions' first searches, before cloning):
+on its own it teaches copying (support recall 0.27 after 1000 steps, 0.42 after 1500), but the cloning
+stage that follows erases most of it (success 10-16%), and it costs 7-12 more minutes.
 """
 
 from __future__ import annotations
@@ -13,8 +42,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # unk, bos, eos (= pad), as SmolLM2
 CHAT_TEMPLATE = (  # ChatML, the same minimal template as models.make_tiny_tokenizer
@@ -31,9 +60,10 @@ TINY_LM_META = "tiny_lm.json"
 
 # Model shapes. "small" is the recommended CPU model (see the recipe above); "tiny" is for unit tests.
 MODEL_PRESETS: dict[str, dict[str, int]] = {
-    "tiny": dict(vocab_size=384, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64),
-    "small": dict(vocab_size=8192, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
-                  intermediate_size=384),
+    "tiny": {"vocab_size": 384, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
+             "intermediate_size": 64},
+    "small": {"vocab_size": 8192, "hidden_size": 128, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2,
+              "intermediate_size": 384},
 }  # fmt: skip
 
 
@@ -260,8 +290,8 @@ def build_tiny_lm(
     """
     if model not in MODEL_PRESETS:
         raise ValueError(f"unknown model preset {model!r}; choose one of {sorted(MODEL_PRESETS)}")
-    given = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
-                 num_kv_heads=num_kv_heads, intermediate_size=intermediate_size)  # fmt: skip
+    given = {"vocab_size": vocab_size, "hidden_size": hidden_size, "num_layers": num_layers, "num_heads": num_heads,
+             "num_kv_heads": num_kv_heads, "intermediate_size": intermediate_size}  # fmt: skip
     shape = {**MODEL_PRESETS[model], **{k: v for k, v in given.items() if v is not None}}
     tokenizer = train_tokenizer(
         list(world_texts(world_seed, size)), shape.pop("vocab_size"), protocol_tokens() if protocol else ()
@@ -270,8 +300,10 @@ def build_tiny_lm(
     losses: list[float] = []
     start = time.perf_counter()
     if pretrain_steps > 0:
-        losses = pretrain(lm, tokenizer, corpus_chats(world_seed, size), steps=pretrain_steps, batch_size=pretrain_batch, lr=pretrain_lr,
-                          seed=seed)  # fmt: skip
+        chats = corpus_chats(world_seed, size)
+        losses = pretrain(
+            lm, tokenizer, chats, steps=pretrain_steps, batch_size=pretrain_batch, lr=pretrain_lr, seed=seed
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     lm.save_pretrained(out)
@@ -286,7 +318,7 @@ def build_tiny_lm(
         "protocol_tokens": protocol,
         "pretrain": {"steps": pretrain_steps, "batch": pretrain_batch, "lr": pretrain_lr,
                      "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-                     "seconds": round(time.perf_counter() - start, 1)},
+                     "seconds": round(time.perf_counter() - start, 1) if losses else 0.0},
         "parameters": sum(p.numel() for p in lm.parameters()),
     }
     (out / TINY_LM_META).write_text(json.dumps(meta, indent=2) + "\n")
@@ -321,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"wrote {out}: {meta['parameters']:,} parameters, vocabulary {meta['vocab_size']}")
     if meta["pretrain"]["steps"]:
         p = meta["pretrain"]
-        print(f"pretrained {p['steps']} steps in {p['seconds']} s: loss {p['loss_first']:.3f} -> {p['loss_last']:.3f}")
+        print(f"pretrained {p['steps']} steps in {p['seconds']} s: loss {p['loss_first']:.3f} -> {p['loss_last']:.3f}")  # noqa: E501
     return 0
 
 

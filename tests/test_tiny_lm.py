@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 
 from capo_train.tiny_lm import TINY_LM_META, build_tiny_lm, main, protocol_tokens, world_texts
 
-TEST_SHAPE = dict(size="tiny", model="tiny", vocab_size=320, hidden_size=16, num_layers=1)
+TEST_SHAPE = {"size": "tiny", "model": "tiny", "vocab_size": 320, "hidden_size": 16, "num_layers": 1}
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,8 @@ def test_chat_format_concatenates_like_the_template(loaded):
     _, tokenizer = loaded
     fmt = ChatFormat(tokenizer)
     action = tokenizer("<search>Vrugard</search>", add_special_tokens=False)["input_ids"]
-    state = fmt.first("Act with tags.", "Question: Who?") + action + fmt.next_turn(action, "<information>x</information>")
+    state = fmt.first("Act with tags.", "Question: Who?") + action
+    state += fmt.next_turn(action, "<information>x</information>")
     messages = [
         {"role": "system", "content": "Act with tags."},
         {"role": "user", "content": "Question: Who?"},
@@ -154,7 +156,7 @@ def test_lr_factor_warms_up_then_decays():
 
     factors = [lr_factor(step, 20, 0.1, "cosine") for step in range(20)]
     assert factors[0] < factors[1] < 1.0  # two warm-up steps
-    assert all(a >= b for a, b in zip(factors[2:], factors[3:])) and factors[-1] == pytest.approx(0.0, abs=1e-12)
+    assert all(a >= b for a, b in itertools.pairwise(factors[2:])) and factors[-1] == pytest.approx(0.0, abs=1e-12)
     assert [lr_factor(step, 20, 0.0, "constant") for step in range(20)] == [1.0] * 20
     with pytest.raises(ValueError, match="lr_schedule"):
         lr_factor(0, 20, 0.0, "linear")
