@@ -582,13 +582,25 @@ def make_tiny_tokenizer():
     """Byte-level tokenizer built in memory (no files): 256 byte tokens + ChatML specials, with a minimal
     chat template, so tests exercise the same code paths as SmolLM2 (whose pad token is its EOS)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     byte_chars = pre_tokenizers.ByteLevel.alphabet()  # the 256 printable stand-ins for bytes
     vocab = {ch: i for i, ch in enumerate(sorted(byte_chars))}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
+    return chatml_tokenizer(backend)
+
+
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def chatml_tokenizer(backend, **kwargs):
+    """A ``tokenizers`` backend as a left-padding HF tokenizer with SmolLM2's ChatML specials (pad = eos)
+    and a minimal ChatML template."""
+    from transformers import PreTrainedTokenizerFast
+
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token="<|im_start|>",
@@ -596,11 +608,9 @@ def make_tiny_tokenizer():
         pad_token="<|im_end|>",
         unk_token="<|endoftext|>",
         padding_side="left",
+        **kwargs,
     )
-    tokenizer.chat_template = (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
+    tokenizer.chat_template = CHATML_TEMPLATE
     return tokenizer
 
 

@@ -46,10 +46,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # unk, bos, eos (= pad), as SmolLM2
-CHAT_TEMPLATE = (  # ChatML, the same minimal template as models.make_tiny_tokenizer
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 # A space before a capital letter or a digit is a token of its own, so a name or number is tokenised the
 # same wherever it stands: "Vrugard" in "<search>Vrugard</search>" and in "born in Vrugard." give the same
 # ids, and copying an entity from an observation into a query is a plain token copy. Lower-case words keep
@@ -118,7 +114,8 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int = 8192, added: Sequenc
     Deterministic: the trainer breaks ties between equally frequent merges by token ids, which are
     assigned in a fixed order (specials, then the 256 byte characters sorted)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+
+    from .models import chatml_tokenizer
 
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.Sequence([
@@ -134,17 +131,7 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int = 8192, added: Sequenc
     )
     backend.train_from_iterator(list(texts), trainer=trainer)
     backend.add_tokens([AddedToken(text, normalized=False) for text in added])
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        unk_token="<|endoftext|>",
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        pad_token="<|im_end|>",
-        padding_side="left",
-        model_max_length=2048,
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+    return chatml_tokenizer(backend, model_max_length=2048)
 
 
 # ----------------------------------------------------------------------------- model
