@@ -296,27 +296,70 @@ def cells(grid: GridConfig) -> list[tuple[EnvSpec, str, int]]:
     return [(env, algo, seed) for env in env_specs(grid) for seed in grid.seeds for algo in grid.algos]
 
 
-def run_grid(grid: GridConfig, command: str | None = None) -> list[dict]:
-    """Train the unfinished cells one after another, re-aggregating after each; returns the table rows."""
-    from .trainer import train
+def run_grid(grid: GridConfig, command: str | None = None, jobs: int = 1) -> list[dict]:
+    """Train the unfinished cells, re-aggregating after each; returns the table rows.
 
+    ``jobs > 1`` trains that many cells at once, each in its own process with ``cpu_count // jobs`` torch
+    threads: on a CPU, small models use cores better as parallel runs than as threads of one run. Each run
+    seeds itself, so ``jobs`` changes a cell's numbers only through the float rounding of its thread count."""
     check_grid(grid)
+    if jobs < 1:
+        raise ConfigError(f"jobs must be >= 1, got {jobs}")
     todo = [cell_config(grid, env, algo, seed) for env, algo, seed in cells(grid)]
     for config in todo:  # before anything is written or trained; finished cells too: they go in this table
         _check_same_config(config, Path(config.out_dir))
     out = Path(grid.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "grid.json").write_text(json.dumps(dataclasses.asdict(grid), indent=2))
+    pending = []
     for i, config in enumerate(todo, 1):
-        directory = Path(config.out_dir)
-        where = f"[{i}/{len(todo)}] {directory.relative_to(out / 'runs')}"
-        if is_done(grid, directory):
+        where = f"[{i}/{len(todo)}] {Path(config.out_dir).relative_to(out / 'runs')}"
+        if is_done(grid, Path(config.out_dir)):
             print(f"{where}: done, skipped")
-            continue
-        print(f"{where}: training", flush=True)
-        train(config, resume=True, progress=False)
-        write_results(grid, command)
+        else:
+            pending.append((where, config))
+    if jobs == 1:
+        for where, config in pending:
+            print(f"{where}: training", flush=True)
+            train_cell(config)
+            write_results(grid, command)
+    else:
+        _run_parallel(grid, command, pending, jobs)
     return write_results(grid, command)
+
+
+def train_cell(config: TrainConfig, threads: int | None = None) -> None:
+    from .trainer import train
+
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    train(config, resume=True, progress=False)
+
+
+def _run_parallel(grid: GridConfig, command: str | None, pending: list, jobs: int) -> None:
+    import multiprocessing
+    import os
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    # spawn, not fork: a forked child would inherit the parent's torch thread pools and locks.
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {}
+        for where, config in pending:
+            futures[pool.submit(train_cell, config, threads)] = where
+            print(f"{where}: queued", flush=True)
+        remaining = set(futures)
+        while remaining:
+            finished, remaining = wait(remaining, return_when=FIRST_EXCEPTION)
+            for future in finished:
+                if future.exception() is not None:
+                    for other in remaining:
+                        other.cancel()
+                    raise future.exception()
+                print(f"{futures[future]}: finished", flush=True)
+            write_results(grid, command)
 
 
 # ----------------------------------------------------------------------------- aggregation

@@ -143,7 +143,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     given = [f"--{name} {shlex.quote(str(value))}" for name, value in vars(args).items()
              if name in ("grid", "algos", "envs", "seeds", "out") and value is not None]
     try:
-        rows = run_grid(grid, command=" ".join(["capo bench", *given, *map(shlex.quote, args.overrides)]))
+        command = " ".join(["capo bench", *given, *map(shlex.quote, args.overrides)])
+        rows = run_grid(grid, command=command, jobs=args.jobs)
     except ConfigError as e:  # a cell started with other settings
         raise SystemExit(f"capo: {e}") from None
     out = Path(grid.out_dir)
@@ -200,6 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--envs", help="comma-separated env ids (default: capo/SynthHop-v0)")
     bench.add_argument("--seeds", help="comma-separated seeds (default: 0,1,2)")
     bench.add_argument("--out", help="grid folder: results.csv/.md, curves.png, runs/ (default: runs/bench)")
+    bench.add_argument("--jobs", type=int, default=1,
+                       help="cells trained at once, each in its own process with cpu_count/jobs threads (default 1)")
     bench.add_argument("overrides", nargs="*", metavar="key=value",
                        help="grid keys, e.g. iterations=4, or base.<train key>, e.g. base.model.path=DIR")
     bench.set_defaults(func=_cmd_bench)

@@ -8,6 +8,7 @@ import io
 import json
 import shutil
 import statistics
+from pathlib import Path
 
 import pytest
 import yaml
@@ -131,6 +132,31 @@ def test_a_second_run_skips_finished_cells_and_redoes_only_a_missing_one(bench, 
     assert {p: p.stat().st_mtime_ns for d in others for p in d.rglob("*") if p.is_file()} == before
     # It resumes from its final checkpoint: the summary comes back and no iteration is run again.
     assert (redo / "summary.json").exists() and (redo / "log.jsonl").read_text() == redo_log
+
+
+def test_parallel_jobs_train_the_missing_cells_like_a_serial_run(bench, tmp_path):
+    grid, out, _ = bench
+    parallel = tmp_path / "parallel"
+    shutil.copytree(out, parallel)
+    grid.out_dir = str(parallel)
+    env = env_specs(grid)[0]
+    redo = [("capo", 0), ("grpo", 1)]
+    for algo, seed in redo:
+        shutil.rmtree(cell_dir(grid, env, algo, seed))
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        rows = run_grid(grid, jobs=2)
+    assert stdout.getvalue().count("done, skipped") == 2 and stdout.getvalue().count(": finished") == 2
+    assert all(r["seeds_done"] == 2 for r in rows)
+    grid.out_dir = str(out)
+    for algo, seed in redo:  # the same seeds give the same episodes, whichever process trained them
+        serial = read_log(cell_dir(grid, env, algo, seed) / "log.jsonl")
+        again = read_log(Path(parallel) / "runs" / "synth-tiny" / algo / f"seed-{seed}" / "log.jsonl")
+        assert len(serial) == len(again)
+        for a, b in zip(serial, again):
+            for key in ("rollout/episodes", "rollout/success", "rollout/tokens_generated", "eval/success"):
+                assert a[key] == b[key], (algo, seed, key)
+            assert b["actor/entropy"] == pytest.approx(a["actor/entropy"], rel=1e-4)  # thread-count rounding only
 
 
 def test_a_finished_grid_rerun_with_other_settings_is_refused(bench):
