@@ -63,6 +63,10 @@ class OptimConfig:
 @dataclass
 class SFTConfig:
     episodes: int = 48  # expert episodes behaviour-cloned before RL (0: no warm start)
+    # > 0: the warm start clones only the first `tasks` train tasks (in the env's order) and RL never samples
+    # them, so RL learns on tasks the warm start has not memorised. Keep it set in the RL runs that start
+    # from an earlier warm start (sft.episodes=0). 0: both draw from every train task.
+    tasks: int = 0
     epochs: int = 2
     lr: float = 1e-3
     minibatch_rows: int = 4

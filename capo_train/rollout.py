@@ -187,6 +187,7 @@ def collect(
     greedy: bool = False,
     seed: int | None = None,
     task_ids: Sequence[str] | None = None,
+    task_pool: Sequence[str] | None = None,
     instructions: str = "",
 ) -> list[Trajectory]:
     """Run ``tasks_per_batch x group_size`` episodes and return their trajectories (in episode order).
@@ -196,7 +197,7 @@ def collect(
     when there are more episodes); a factory is called once per episode and its envs closed afterwards.
 
     Tasks: ``task_ids`` if given (one per group), else ``tasks_per_batch`` distinct ids drawn with a
-    ``seed``-ed RNG from ``envs[0].unwrapped.task_ids()``. The ``group_size`` episodes of a group reset
+    ``seed``-ed RNG from ``task_pool`` (default: ``envs[0].unwrapped.task_ids()``). The ``group_size`` episodes of a group reset
     to the same task (``options={"task_id": ...}``) and share ``group_id``.
 
     The system prompt is the protocol's ``instructions`` from the reset info, then ``instructions`` (task
@@ -217,7 +218,7 @@ def collect(
     if not pool:
         raise ValueError("no envs given")
     if task_ids is None:
-        all_ids = list(pool[0].unwrapped.task_ids())
+        all_ids = list(pool[0].unwrapped.task_ids() if task_pool is None else task_pool)
         if len(all_ids) >= tasks_per_batch:
             task_ids = rng.sample(all_ids, tasks_per_batch)
         else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Sequence
 
 import gymnasium as gym
 import torch
@@ -22,15 +23,23 @@ from .rows import ActionRecord, RowBatch, Trajectory, build_rows, gather_actions
 
 
 def expert_trajectories(
-    env: gym.Env, tokenizer, *, episodes: int, state: str = "concat", window: int = 2, seed: int = 0
+    env: gym.Env,
+    tokenizer,
+    *,
+    episodes: int,
+    state: str = "concat",
+    window: int = 2,
+    seed: int = 0,
+    task_ids: Sequence[str] | None = None,
 ) -> list[Trajectory]:
-    """Run the env's expert for ``episodes`` episodes on distinct tasks and record them as trajectories.
+    """Run the env's expert for ``episodes`` episodes on distinct tasks (of ``task_ids``, default every
+    task of the env; repeated only when there are fewer tasks than episodes) and record them as trajectories.
 
     The expert's action text is tokenised (it was never sampled, so there is nothing to keep token-exact);
     observations go through the same state builders as RL rollouts.
     """
     base = env.unwrapped
-    ids = list(base.task_ids())
+    ids = list(base.task_ids() if task_ids is None else task_ids)
     rng = random.Random(seed)
     task_ids = rng.sample(ids, episodes) if episodes <= len(ids) else rng.choices(ids, k=episodes)
     fmt = ChatFormat(tokenizer)
@@ -91,8 +100,21 @@ def lr_factor(step: int, total: int, warmup_frac: float, schedule: str) -> float
     return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
 
+def warm_start_tasks(config: TrainConfig, env: gym.Env) -> tuple[list[str] | None, list[str] | None]:
+    """``(warm-start task ids, RL task ids)``: with ``sft.tasks = N > 0`` the first N train tasks go to the
+    warm start and the rest to RL; ``(None, None)`` (every task for both) otherwise."""
+    n = config.sft.tasks
+    if n <= 0:
+        return None, None
+    ids = [str(i) for i in env.unwrapped.task_ids()]
+    if n >= len(ids):
+        raise ValueError(f"sft.tasks={n} leaves no task for RL: the train split has {len(ids)} tasks")
+    return ids[:n], ids[n:]
+
+
 def behaviour_clone(model: ActorCritic, tokenizer, config: TrainConfig, env: gym.Env) -> dict[str, float]:
-    """Clone ``config.sft.episodes`` expert episodes; returns what to log.
+    """Clone ``config.sft.episodes`` expert episodes (on the ``sft.tasks`` first train tasks if set);
+    returns what to log.
 
     The loss is the mean NLL of the expert's action tokens, plus ``sft.state_loss_coef`` times the mean
     next-token NLL of the state tokens (system prompt, question, observations) if that is set: a model
@@ -105,7 +127,8 @@ def behaviour_clone(model: ActorCritic, tokenizer, config: TrainConfig, env: gym
     sft = config.sft
     layout = config.rollout.layout if config.rollout.state == "concat" else "per_action"
     trajectories = expert_trajectories(env, tokenizer, episodes=sft.episodes, state=config.rollout.state,
-                                       window=config.rollout.window, seed=config.seed)
+                                       window=config.rollout.window, seed=config.seed,
+                                       task_ids=warm_start_tasks(config, env)[0])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     device = next(model.parameters()).device
     batch = build_rows(trajectories, layout, pad_id).to(device)

@@ -509,6 +509,7 @@ class Run:
     reference: torch.nn.Module | None  # a frozen initial actor; None with LoRA (adapters off) or no KL
     accelerator: Any = None
     trainable: torch.nn.Module | None = None  # ``model`` as the accelerator prepared it (DDP-wrapped on >1 process)
+    task_pool: list[str] | None = None  # the train tasks RL draws from (None: all; see sft.tasks)
 
 
 def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, float]:
@@ -522,6 +523,7 @@ def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, flo
         max_action_tokens=config.rollout.max_action_tokens, max_prompt_tokens=config.rollout.max_prompt_tokens,
         state=config.rollout.state, window=config.rollout.window, temperature=config.rollout.temperature,
         seed=iteration_seed(config.seed, iteration, salt=104_729 * rank),  # each process its own tasks
+        task_pool=run.task_pool,
     )
     rollout_s = time.perf_counter() - start
     everyone = gather_trajectories(trajectories, accelerator)
@@ -556,7 +558,7 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
     """Warm start (if configured), then ``config.iterations`` RL iterations; returns the summary."""
     from tqdm.auto import tqdm
 
-    from .sft import behaviour_clone
+    from .sft import behaviour_clone, warm_start_tasks
 
     torch.manual_seed(config.seed)
     random.seed(config.seed)
@@ -584,6 +586,7 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
     n_envs = config.rollout.tasks_per_batch * group_size(config, settings)
     train_envs = make_envs(config, config.env.train_split, n_envs)
     eval_envs = make_envs(config, config.env.eval_split, min(config.eval_episodes, 16))
+    run.task_pool = warm_start_tasks(config, train_envs[0])[1]
 
     def checkpoint() -> None:
         if main:

@@ -304,6 +304,16 @@ def test_prompt_budget_truncates(concat_trajectories, envs, model, tokenizer):
     assert build_rows(cut + trajs, "packed", pad_id=0).num_rows == 4
 
 
+def test_task_pool_limits_the_tasks_drawn(envs, model, tokenizer):
+    pool = [str(i) for i in envs[0].unwrapped.task_ids()][-3:]
+    seen = set()
+    for seed in range(4):
+        trajs = run(envs, model, tokenizer, tasks_per_batch=2, group_size=1, max_action_tokens=4, seed=seed,
+                    task_pool=pool)
+        seen |= {t.task_id for t in trajs}
+    assert seen <= set(pool) and len(seen) > 1
+
+
 def test_rollout_stats(concat_trajectories):
     stats = rollout_stats(concat_trajectories)
     actions = [a for t in concat_trajectories for a in t.actions]

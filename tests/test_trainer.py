@@ -67,6 +67,25 @@ def test_warm_start_then_rl_with_lora_writes_curve_and_summary(tiny_model_dir, t
     assert not list(tmp_path.glob(".checkpoint*"))  # no temp or old checkpoint left behind
 
 
+def test_sft_tasks_are_cloned_and_held_out_of_rl(tiny_model_dir, tmp_path):
+    from capo_train.models import load_actor
+    from capo_train.sft import expert_trajectories, warm_start_tasks
+    from capo_train.trainer import make_envs
+
+    config = config_for(tiny_model_dir, tmp_path, "sft.tasks=5")
+    env = make_envs(config, "train", 1)[0]
+    every = [str(i) for i in env.unwrapped.task_ids()]
+    warm, rl = warm_start_tasks(config, env)
+    assert warm == every[:5] and rl == every[5:]
+    assert warm_start_tasks(config_for(tiny_model_dir, tmp_path), env) == (None, None)  # the default
+    _, tokenizer = load_actor(tiny_model_dir)
+    cloned = expert_trajectories(env, tokenizer, episodes=12, task_ids=warm, seed=3)
+    assert {t.task_id for t in cloned} == set(warm)  # more episodes than tasks: every one, none outside
+    too_many = config_for(tiny_model_dir, tmp_path, f"sft.tasks={len(every)}")
+    with pytest.raises(ValueError, match="leaves no task for RL"):
+        train(too_many, progress=False)
+
+
 def test_resumed_run_matches_an_uninterrupted_one(tiny_model_dir, tmp_path):
     whole, halves = tmp_path / "whole", tmp_path / "halves"
     train(config_for(tiny_model_dir, whole), progress=False)
