@@ -5,7 +5,7 @@ Each cell is an ordinary ``capo train`` run in ``<out_dir>/runs/<env>/<algo>/see
 decides what each cell's config is, skips the finished ones and aggregates their logs:
 
 - ``results.csv`` / ``results.md``: one row per (env, algo), mean and std over the seeds done;
-- ``curves.png``: training rollout success against trajectories collected, one panel per env;
+- ``curves.png``: training rollout success and held-out success against trajectories collected, a column per env;
 - ``grid.json``: the grid config used.
 
 Fairness: every algorithm sees the same number of episodes per iteration. Group methods (registry default
@@ -40,14 +40,20 @@ GRID_OWNED = {
     "rollout.tasks_per_batch": "trajectories_per_iteration",
 }
 # (column, eval key): read from each run's last held-out evaluation.
-EVAL_METRICS = (("success", "eval/success"), ("env_em", "eval/env_em"), ("env_f1", "eval/env_f1"))
-METRICS = ("success", "env_em", "env_f1", "trajectories", "seconds_per_iteration")
+EVAL_METRICS = (("success", "eval/success"), ("env_em", "eval/env_em"), ("env_f1", "eval/env_f1"),
+                ("invalid_rate", "eval/invalid_action_rate"), ("actions", "eval/actions_per_episode"))
+METRICS = ("success", "env_em", "env_f1", "invalid_rate", "actions", "tokens", "trajectories", "rl_tokens",
+           "seconds_per_iteration")
 ALWAYS = ("success", "trajectories", "seconds_per_iteration")  # columns kept even when no cell has them yet
 LABELS = {
     "success": "held-out success",
     "env_em": "EM",
     "env_f1": "F1",
+    "invalid_rate": "invalid actions",
+    "actions": "actions / episode",
+    "tokens": "tokens / episode",
     "trajectories": "trajectories",
+    "rl_tokens": "RL tokens",
     "seconds_per_iteration": "s / iteration",
 }
 
@@ -367,13 +373,16 @@ def _run_parallel(grid: GridConfig, command: str | None, pending: list, jobs: in
 
 def run_metrics(records: list[dict]) -> dict[str, float]:
     """One run's numbers: the last held-out evaluation after RL (not the warm start's), episodes
-    collected, mean wall time per iteration. Metrics a run does not report are left out."""
+    and tokens generated in RL, mean wall time per iteration. Metrics a run does not report are left out."""
     rl = [r for r in records if r.get("iteration", 0) >= 1]
-    out: dict[str, float] = {"trajectories": float(sum(r.get("rollout/episodes", 0.0) for r in rl))}
+    out: dict[str, float] = {"trajectories": float(sum(r.get("rollout/episodes", 0.0) for r in rl)),
+                             "rl_tokens": float(sum(r.get("rollout/tokens_generated", 0.0) for r in rl))}
     final = next((r for r in reversed(rl) if any(k.startswith("eval/") for k in r)), None)
     for name, key in EVAL_METRICS:
         if final is not None and key in final:
             out[name] = float(final[key])
+    if final is not None and final.get("eval/episodes") and "eval/tokens_generated" in final:
+        out["tokens"] = final["eval/tokens_generated"] / final["eval/episodes"]
     times = [r["time/iteration_s"] for r in rl if "time/iteration_s" in r]
     if times:
         out["seconds_per_iteration"] = sum(times) / len(times)
@@ -439,7 +448,8 @@ def describe(grid: GridConfig, command: str | None) -> str:
         f"- seeds: {', '.join(map(str, grid.seeds))}; iterations: {grid.iterations}; trajectories per iteration: {T}",
         f"- base: {json.dumps(grid.base, sort_keys=True)}",
         "",
-        ("Held-out success, EM and F1: greedy decoding at the end of each run; trajectories: episodes collected "
+        ("Held-out success, EM, F1, invalid-action rate, actions and generated tokens per episode: greedy "
+         "decoding at the end of each run; trajectories and RL tokens: episodes collected and tokens generated "
          "in RL; mean ± sample std over the seeds done."),
     ])
 
@@ -452,7 +462,7 @@ def _fmt(mean: float | None, std: float | None, digits: int) -> str:
 
 def markdown_table(rows: list[dict], grid: GridConfig) -> str:
     shown = [c[: -len("_mean")] for c in columns(rows) if c.endswith("_mean")]
-    digits = {"trajectories": 0, "seconds_per_iteration": 2}
+    digits = {"trajectories": 0, "rl_tokens": 0, "tokens": 1, "actions": 2, "seconds_per_iteration": 2}
     header = ["env", "algo", "seeds"] + [LABELS[m] for m in shown]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
@@ -478,15 +488,23 @@ def write_results(grid: GridConfig, command: str | None = None) -> list[dict]:
 # ----------------------------------------------------------------------------- learning curves
 
 
-def learning_curve(records: list[dict]) -> list[tuple[float, float]]:
-    """``(trajectories collected so far, training rollout success)`` per RL iteration."""
+def learning_curve(records: list[dict], key: str = "rollout/success") -> list[tuple[float, float]]:
+    """``(trajectories collected so far, record[key])`` for each RL iteration that logged ``key``:
+    training rollout success by default, ``eval/success`` for the held-out curve."""
     points, seen = [], 0.0
     for r in records:
         if r.get("iteration", 0) >= 1:
             seen += r.get("rollout/episodes", 0.0)
-            if "rollout/success" in r:
-                points.append((seen, r["rollout/success"]))
+            if key in r:
+                points.append((seen, r[key]))
     return points
+
+
+def moving_average(points: list[tuple[float, float]], width: int) -> list[tuple[float, float]]:
+    """Each y replaced by the mean of the last ``width`` ys (fewer at the start): one iteration's rollout
+    success is a mean over a handful of episodes, too noisy to read as a curve."""
+    ys = [y for _, y in points]
+    return [(x, statistics.fmean(ys[max(0, i + 1 - width) : i + 1])) for i, (x, _) in enumerate(points)]
 
 
 def band(curves: list[list[tuple[float, float]]]) -> list[tuple[float, float, float, float]]:
@@ -507,24 +525,27 @@ def plot_grid(grid: GridConfig, path: Path) -> None:
 
     runs = collect_runs(grid)
     envs = env_specs(grid)
-    fig, axes = plt.subplots(1, len(envs), figsize=(5.5 * len(envs), 3.8), squeeze=False)
-    for ax, env in zip(axes[0], envs):
-        for algo in grid.algos:
-            curves = [learning_curve(records) for _, records in runs[(env.name, algo)]]
-            points = band([c for c in curves if c])
-            if not points:
-                continue
-            xs, mean, low, high = zip(*points)
-            n = len([c for c in curves if c])
-            (line,) = ax.plot(xs, mean, marker="o" if len(xs) < 12 else None, label=f"{algo} ({n})")
-            if n > 1:
-                ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-        ax.set_title(env.name)
-        ax.set_xlabel("trajectories collected")
-        ax.set_ylabel("training rollout success")
-        ax.set_ylim(-0.02, 1.02)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize="small", title="algo (seeds); band: min–max", title_fontsize="small")
+    panels = (("rollout/success", "training rollout success (moving mean)"), ("eval/success", "held-out success (greedy)"))
+    fig, axes = plt.subplots(len(panels), len(envs), figsize=(5.5 * len(envs), 3.8 * len(panels)), squeeze=False)
+    for row, (key, label) in zip(axes, panels):
+        for ax, env in zip(row, envs):
+            for algo in grid.algos:
+                curves = [c for c in (learning_curve(records, key) for _, records in runs[(env.name, algo)]) if c]
+                if key == "rollout/success":
+                    curves = [moving_average(c, max(1, len(c) // 15)) for c in curves]
+                points = band(curves)
+                if not points:
+                    continue
+                xs, mean, low, high = zip(*points)
+                (line,) = ax.plot(xs, mean, marker="o" if len(xs) < 12 else None, label=f"{algo} ({len(curves)})")
+                if len(curves) > 1:
+                    ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+            ax.set_title(env.name)
+            ax.set_xlabel("trajectories collected")
+            ax.set_ylabel(label)
+            ax.set_ylim(-0.02, 1.02)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize="small", title="algo (seeds); band: min–max", title_fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

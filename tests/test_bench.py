@@ -174,12 +174,16 @@ def test_aggregation_of_hand_written_records(tmp_path):
     records = [
         {"iteration": 0, "eval/success": 1.0, "eval/env_em": 1.0},  # the warm start: not the final evaluation
         {"iteration": 1, "rollout/episodes": 4.0, "rollout/success": 0.0, "time/iteration_s": 9.0},
-        {"iteration": 1, "rollout/episodes": 4.0, "rollout/success": 0.0, "time/iteration_s": 2.0},  # resumed
-        {"iteration": 2, "rollout/episodes": 4.0, "time/iteration_s": 4.0, "eval/success": 0.5, "eval/env_em": 0.5},
+        {"iteration": 1, "rollout/episodes": 4.0, "rollout/success": 0.0, "time/iteration_s": 2.0,  # resumed
+         "rollout/tokens_generated": 40.0},
+        {"iteration": 2, "rollout/episodes": 4.0, "time/iteration_s": 4.0, "eval/success": 0.5, "eval/env_em": 0.5,
+         "rollout/tokens_generated": 60.0, "eval/episodes": 2.0, "eval/tokens_generated": 30.0,
+         "eval/invalid_action_rate": 0.25, "eval/actions_per_episode": 3.0},
     ]
     log.write_text("".join(json.dumps(r) + "\n" for r in records))
     first = run_metrics(read_log(log))
-    assert first == {"trajectories": 8.0, "seconds_per_iteration": 3.0, "success": 0.5, "env_em": 0.5}
+    assert first == {"trajectories": 8.0, "rl_tokens": 100.0, "seconds_per_iteration": 3.0, "success": 0.5,
+                     "env_em": 0.5, "invalid_rate": 0.25, "actions": 3.0, "tokens": 15.0}
     second = run_metrics([{"iteration": 1, "rollout/episodes": 4.0, "eval/success": 0.0}])  # no EM, no timing
     row = summarise_seeds([first, second])
     assert row["seeds_done"] == 2
@@ -191,7 +195,17 @@ def test_aggregation_of_hand_written_records(tmp_path):
     rows = [{"env": "e", "algo": "a", "group_size": 1} | row]
     assert "env_f1_mean" not in columns(rows) and "env_em_mean" in columns(rows)
     grid = GridConfig(algos=["a"], seeds=[0, 1])
-    assert "| e | a | 2/2 | 0.250 ± 0.354 | 0.500 | 6 ± 3 | 3.00 |" in markdown_table(rows, grid)
+    table = markdown_table(rows, grid)
+    assert "| held-out success | EM | invalid actions | actions / episode | tokens / episode | trajectories |" in table
+    assert "| e | a | 2/2 | 0.250 ± 0.354 | 0.500 | 0.250 | 3.00 | 15.0 | 6 ± 3 | 50 ± 71 | 3.00 |" in table
+
+
+def test_moving_average_of_a_curve():
+    from capo_train.bench import moving_average
+
+    points = [(4.0, 0.0), (8.0, 1.0), (12.0, 0.5), (16.0, 0.0)]
+    assert moving_average(points, 2) == [(4.0, 0.0), (8.0, 0.5), (12.0, 0.75), (16.0, 0.25)]
+    assert moving_average(points, 1) == points
 
 
 def test_grid_yaml_overrides_merge_and_cells_get_their_shapes(tmp_path):
