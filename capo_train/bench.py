@@ -42,8 +42,8 @@ GRID_OWNED = {
 # (column, eval key): read from each run's last held-out evaluation.
 EVAL_METRICS = (("success", "eval/success"), ("env_em", "eval/env_em"), ("env_f1", "eval/env_f1"),
                 ("invalid_rate", "eval/invalid_action_rate"), ("actions", "eval/actions_per_episode"))
-METRICS = ("success", "env_em", "env_f1", "invalid_rate", "actions", "tokens", "trajectories", "rl_tokens",
-           "seconds_per_iteration")
+METRICS = ("success", "env_em", "env_f1", "invalid_rate", "actions", "tokens", "train_success", "trajectories",
+           "rl_tokens", "seconds_per_iteration")
 ALWAYS = ("success", "trajectories", "seconds_per_iteration")  # columns kept even when no cell has them yet
 LABELS = {
     "success": "held-out success",
@@ -52,6 +52,7 @@ LABELS = {
     "invalid_rate": "invalid actions",
     "actions": "actions / episode",
     "tokens": "tokens / episode",
+    "train_success": "rollout success, last 10%",
     "trajectories": "trajectories",
     "rl_tokens": "RL tokens",
     "seconds_per_iteration": "s / iteration",
@@ -383,6 +384,9 @@ def run_metrics(records: list[dict]) -> dict[str, float]:
             out[name] = float(final[key])
     if final is not None and final.get("eval/episodes") and "eval/tokens_generated" in final:
         out["tokens"] = final["eval/tokens_generated"] / final["eval/episodes"]
+    rollouts = [r["rollout/success"] for r in rl if "rollout/success" in r]
+    if rollouts:  # the last tenth of the run's iterations: how well it does on its own training tasks by then
+        out["train_success"] = statistics.fmean(rollouts[-max(1, len(rollouts) // 10) :])
     times = [r["time/iteration_s"] for r in rl if "time/iteration_s" in r]
     if times:
         out["seconds_per_iteration"] = sum(times) / len(times)
@@ -449,8 +453,9 @@ def describe(grid: GridConfig, command: str | None) -> str:
         f"- base: {json.dumps(grid.base, sort_keys=True)}",
         "",
         ("Held-out success, EM, F1, invalid-action rate, actions and generated tokens per episode: greedy "
-         "decoding at the end of each run; trajectories and RL tokens: episodes collected and tokens generated "
-         "in RL; mean ± sample std over the seeds done."),
+         "decoding at the end of each run; rollout success: sampled training episodes over the last tenth of "
+         "the iterations; trajectories and RL tokens: episodes collected and tokens generated in RL; "
+         "mean ± sample std over the seeds done."),
     ])
 
 
