@@ -198,6 +198,10 @@ def validate(config: TrainConfig) -> None:
         value = getattr(getattr(config, section) if section else config, name)
         if value < 1:
             raise ConfigError(f"{key} must be >= 1, got {value}")
+    for key in ("sft.episodes", "sft.tasks"):
+        value = getattr(config.sft, key.partition(".")[2])
+        if value < 0:
+            raise ConfigError(f"{key} must be >= 0, got {value}")
 
 
 def to_dict(config: TrainConfig) -> dict:

@@ -197,8 +197,8 @@ def collect(
     when there are more episodes); a factory is called once per episode and its envs closed afterwards.
 
     Tasks: ``task_ids`` if given (one per group), else ``tasks_per_batch`` distinct ids drawn with a
-    ``seed``-ed RNG from ``task_pool`` (default: ``envs[0].unwrapped.task_ids()``). The ``group_size`` episodes of a group reset
-    to the same task (``options={"task_id": ...}``) and share ``group_id``.
+    ``seed``-ed RNG from ``task_pool`` (default: ``envs[0].unwrapped.task_ids()``). The ``group_size``
+    episodes of a group reset to the same task (``options={"task_id": ...}``) and share ``group_id``.
 
     The system prompt is the protocol's ``instructions`` from the reset info, then ``instructions`` (task
     instructions from the trainer's config) if any. A state longer than ``max_prompt_tokens`` ends its

@@ -30,16 +30,16 @@ def expert_trajectories(
     state: str = "concat",
     window: int = 2,
     seed: int = 0,
-    task_ids: Sequence[str] | None = None,
+    task_pool: Sequence[str] | None = None,
 ) -> list[Trajectory]:
-    """Run the env's expert for ``episodes`` episodes on distinct tasks (of ``task_ids``, default every
+    """Run the env's expert for ``episodes`` episodes on distinct tasks (of ``task_pool``, default every
     task of the env; repeated only when there are fewer tasks than episodes) and record them as trajectories.
 
     The expert's action text is tokenised (it was never sampled, so there is nothing to keep token-exact);
     observations go through the same state builders as RL rollouts.
     """
     base = env.unwrapped
-    ids = list(base.task_ids() if task_ids is None else task_ids)
+    ids = list(base.task_ids() if task_pool is None else task_pool)
     rng = random.Random(seed)
     task_ids = rng.sample(ids, episodes) if episodes <= len(ids) else rng.choices(ids, k=episodes)
     fmt = ChatFormat(tokenizer)
@@ -128,7 +128,7 @@ def behaviour_clone(model: ActorCritic, tokenizer, config: TrainConfig, env: gym
     layout = config.rollout.layout if config.rollout.state == "concat" else "per_action"
     trajectories = expert_trajectories(env, tokenizer, episodes=sft.episodes, state=config.rollout.state,
                                        window=config.rollout.window, seed=config.seed,
-                                       task_ids=warm_start_tasks(config, env)[0])
+                                       task_pool=warm_start_tasks(config, env)[0])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     device = next(model.parameters()).device
     batch = build_rows(trajectories, layout, pad_id).to(device)

@@ -26,6 +26,7 @@ def test_yaml_then_overrides(tmp_path):
         (["nonsense=1"], "unknown config key 'nonsense'"),
         (["iterations=ten"], "iterations expects int"),
         (["iterations=0"], "iterations must be >= 1"),
+        (["sft.tasks=-5"], "sft.tasks must be >= 0"),
         (["optim=3"], "optim is a section"),
         (["rollout.layout=packed", "rollout.state=window"], "packed needs rollout.state=concat"),
         (["model.lora=maybe"], "model.lora expects bool"),

@@ -79,7 +79,7 @@ def test_sft_tasks_are_cloned_and_held_out_of_rl(tiny_model_dir, tmp_path):
     assert warm == every[:5] and rl == every[5:]
     assert warm_start_tasks(config_for(tiny_model_dir, tmp_path), env) == (None, None)  # the default
     _, tokenizer = load_actor(tiny_model_dir)
-    cloned = expert_trajectories(env, tokenizer, episodes=12, task_ids=warm, seed=3)
+    cloned = expert_trajectories(env, tokenizer, episodes=12, task_pool=warm, seed=3)
     assert {t.task_id for t in cloned} == set(warm)  # more episodes than tasks: every one, none outside
     too_many = config_for(tiny_model_dir, tmp_path, f"sft.tasks={len(every)}")
     with pytest.raises(ValueError, match="leaves no task for RL"):
