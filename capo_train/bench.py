@@ -534,6 +534,7 @@ def plot_grid(grid: GridConfig, path: Path) -> None:
     fig, axes = plt.subplots(len(panels), len(envs), figsize=(5.5 * len(envs), 3.8 * len(panels)), squeeze=False)
     for row, (key, label) in zip(axes, panels):
         for ax, env in zip(row, envs):
+            top = 0.0
             for algo in grid.algos:
                 curves = [c for c in (learning_curve(records, key) for _, records in runs[(env.name, algo)]) if c]
                 if key == "rollout/success":
@@ -542,13 +543,14 @@ def plot_grid(grid: GridConfig, path: Path) -> None:
                 if not points:
                     continue
                 xs, mean, low, high = zip(*points)
+                top = max(top, *high)
                 (line,) = ax.plot(xs, mean, marker="o" if len(xs) < 12 else None, label=f"{algo} ({len(curves)})")
                 if len(curves) > 1:
                     ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
             ax.set_title(env.name)
             ax.set_xlabel("trajectories collected")
             ax.set_ylabel(label)
-            ax.set_ylim(-0.02, 1.02)
+            ax.set_ylim(-0.02, min(1.02, max(0.3, top + 0.1)))  # low success rates stay readable
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize="small", title="algo (seeds); band: min–max", title_fontsize="small")
     fig.tight_layout()
