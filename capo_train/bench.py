@@ -530,7 +530,8 @@ def plot_grid(grid: GridConfig, path: Path) -> None:
 
     runs = collect_runs(grid)
     envs = env_specs(grid)
-    panels = (("rollout/success", "training rollout success (moving mean)"), ("eval/success", "held-out success (greedy)"))
+    panels = (("rollout/success", "training rollout success (moving mean)"),
+              ("eval/success", "held-out success (greedy)"))
     fig, axes = plt.subplots(len(panels), len(envs), figsize=(5.5 * len(envs), 3.8 * len(panels)), squeeze=False)
     for row, (key, label) in zip(axes, panels):
         for ax, env in zip(row, envs):
