@@ -232,14 +232,11 @@ def collect(
         for wave in range(0, n_episodes, len(pool)):
             live = []
             for slot, e in enumerate(range(wave, min(wave + len(pool), n_episodes))):
-                env, group = pool[slot], e // group_size
-                obs, info = env.reset(seed=rng.randrange(2**31), options={"task_id": task_ids[group]})
-                protocol = info["protocol"]
-                system = protocol["instructions"] + (f"\n\n{instructions}" if instructions else "")
-                builder = ConcatState(fmt, system, obs) if state == "concat" else WindowState(fmt, system, obs, window)
-                traj = Trajectory(e, str(task_ids[group]), group, [], False, False, {}, [])
-                trajectories.append(traj)
-                live.append(_Episode(env, traj, builder, tuple(protocol["stop_strings"]), obs))
+                group = e // group_size
+                episode = start_episode(pool[slot], fmt, task_ids[group], seed=rng.randrange(2**31), traj_id=e,
+                                        group_id=group, state=state, window=window, instructions=instructions)
+                trajectories.append(episode.traj)
+                live.append(episode)
             while live:
                 live = _turn(live, backend, rng, max_action_tokens, max_prompt_tokens, temperature, greedy, seed)
     finally:
@@ -272,22 +269,52 @@ def _turn(live, backend, rng, max_action_tokens, max_prompt_tokens, temperature,
             seed=rng.randrange(2**31) if seed is not None else None,
         )
         for (ep, prompt), gen in zip(items, generations):
-            obs, reward, terminated, truncated, info = ep.env.step(gen.text)
-            record = ActionRecord(prompt, gen.token_ids, gen.logprobs, float(reward), bool(info["action_valid"]), [])
-            ep.traj.actions.append(record)
-            ep.traj.anchors.append(ep.obs)
-            if terminated or truncated:
-                ep.traj.terminated, ep.traj.truncated = bool(terminated), bool(truncated)
-                ep.traj.metrics = {k: float(v) for k, v in info.get("metrics", {}).items()}
-                if truncated:  # the state the episode stopped in, for bootstrapping; obs_ids stays []
-                    ep.state.advance(gen.token_ids, gen.text, obs)
-                    final = ep.state.prompt()
-                    ep.traj.final_prompt_ids = final if len(final) <= max_prompt_tokens else []
-            else:
-                record.obs_ids = ep.state.advance(gen.token_ids, gen.text, obs)
-                ep.obs = obs
+            if step_episode(ep, prompt, gen.token_ids, gen.logprobs, gen.text, max_prompt_tokens):
                 still.append(ep)
     return still
+
+
+def start_episode(
+    env: gym.Env,
+    fmt: ChatFormat,
+    task_id: str,
+    *,
+    seed: int,
+    traj_id: int,
+    group_id: int,
+    state: str = "concat",
+    window: int = 2,
+    instructions: str = "",
+) -> _Episode:
+    """Reset ``env`` to ``task_id`` and open the episode's trajectory and state builder."""
+    obs, info = env.reset(seed=seed, options={"task_id": task_id})
+    protocol = info["protocol"]
+    system = protocol["instructions"] + (f"\n\n{instructions}" if instructions else "")
+    builder = ConcatState(fmt, system, obs) if state == "concat" else WindowState(fmt, system, obs, window)
+    traj = Trajectory(traj_id, str(task_id), group_id, [], False, False, {}, [])
+    return _Episode(env, traj, builder, tuple(protocol["stop_strings"]), obs)
+
+
+def step_episode(
+    ep: _Episode, prompt: list[int], token_ids: list[int], logprobs: list[float], text: str, max_prompt_tokens: int
+) -> bool:
+    """Send one action to the env and record it (prompt, tokens, log-probs, reward, the observation's tokens
+    or the episode's end); returns whether the episode goes on."""
+    obs, reward, terminated, truncated, info = ep.env.step(text)
+    record = ActionRecord(prompt, token_ids, logprobs, float(reward), bool(info["action_valid"]), [])
+    ep.traj.actions.append(record)
+    ep.traj.anchors.append(ep.obs)
+    if terminated or truncated:
+        ep.traj.terminated, ep.traj.truncated = bool(terminated), bool(truncated)
+        ep.traj.metrics = {k: float(v) for k, v in info.get("metrics", {}).items()}
+        if truncated:  # the state the episode stopped in, for bootstrapping; obs_ids stays []
+            ep.state.advance(token_ids, text, obs)
+            final = ep.state.prompt()
+            ep.traj.final_prompt_ids = final if len(final) <= max_prompt_tokens else []
+        return False
+    record.obs_ids = ep.state.advance(token_ids, text, obs)
+    ep.obs = obs
+    return True
 
 
 def rollout_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:

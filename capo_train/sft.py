@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 import time
 from collections.abc import Sequence
 
@@ -18,8 +19,8 @@ import torch
 
 from .config import TrainConfig
 from .models import ActorCritic
-from .rollout import ChatFormat, ConcatState, WindowState
-from .rows import ActionRecord, RowBatch, Trajectory, build_rows, gather_actions, minibatches, select_rows
+from .rollout import ChatFormat, start_episode, step_episode
+from .rows import RowBatch, Trajectory, build_rows, gather_actions, minibatches, select_rows
 
 
 def expert_trajectories(
@@ -36,7 +37,7 @@ def expert_trajectories(
     task of the env; repeated only when there are fewer tasks than episodes) and record them as trajectories.
 
     The expert's action text is tokenised (it was never sampled, so there is nothing to keep token-exact);
-    observations go through the same state builders as RL rollouts.
+    each episode runs through the same start_episode/step_episode code as RL rollouts.
     """
     base = env.unwrapped
     ids = list(base.task_ids() if task_pool is None else task_pool)
@@ -45,29 +46,16 @@ def expert_trajectories(
     fmt = ChatFormat(tokenizer)
     trajectories = []
     for n, task_id in enumerate(task_ids):
-        obs, info = env.reset(seed=seed + n, options={"task_id": task_id})
-        system = info["protocol"]["instructions"]
-        builder = ConcatState(fmt, system, obs) if state == "concat" else WindowState(fmt, system, obs, window)
-        traj = Trajectory(n, str(task_id), n, [], False, False, {}, [])
-        done = False
-        while not done:
+        episode = start_episode(env, fmt, task_id, seed=seed + n, traj_id=n, group_id=n, state=state, window=window)
+        going = True
+        while going:
             text = base.expert_action()
             if text is None:
                 raise ValueError(f"{env.spec.id if env.spec else base} has no expert to clone")
             action_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-            next_obs, reward, terminated, truncated, info = env.step(text)
-            record = ActionRecord(builder.prompt(), action_ids, [0.0] * len(action_ids), float(reward),
-                                  bool(info["action_valid"]), [])
-            traj.actions.append(record)
-            traj.anchors.append(obs)
-            done = terminated or truncated
-            if done:
-                traj.terminated, traj.truncated = bool(terminated), bool(truncated)
-                traj.metrics = {k: float(v) for k, v in info.get("metrics", {}).items()}
-            else:
-                record.obs_ids = builder.advance(action_ids, text, next_obs)
-                obs = next_obs
-        trajectories.append(traj)
+            going = step_episode(episode, episode.state.prompt(), action_ids, [0.0] * len(action_ids), text,
+                                 max_prompt_tokens=sys.maxsize)
+        trajectories.append(episode.traj)
     return trajectories
 
 
