@@ -105,26 +105,73 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     config = TrainConfig(env=EnvConfig(id=args.env, kwargs=parse_key_values(args.env_kwargs)))
     config.env.eval_split = args.split
-    checkpoint = Path(args.checkpoint)
-    if (checkpoint / "checkpoint").is_dir():  # a run folder: use its checkpoint
-        checkpoint = checkpoint / "checkpoint"
-    model, tokenizer = load_checkpoint(checkpoint)
+    model = backend = None
+    if args.server:
+        from .backends.openai import OpenAIBackend
+        from .models import load_tokenizer
+
+        # prompts are token ids, so the client still needs the served model's tokenizer
+        checkpoint = _checkpoint_dir(args.checkpoint)
+        tokenizer = load_tokenizer(checkpoint / "actor" if (checkpoint / "actor").is_dir() else checkpoint)
+        backend = OpenAIBackend(args.server, args.served_model or args.checkpoint)
+    else:
+        model, tokenizer = load_checkpoint(_checkpoint_dir(args.checkpoint))
     envs = make_envs(config, args.split, min(args.episodes, 16))
     try:
-        print(json.dumps(evaluate(model, tokenizer, config, envs, args.episodes), indent=2))
+        print(json.dumps(evaluate(model, tokenizer, config, envs, args.episodes, backend=backend), indent=2))
     finally:
         for env in envs:
             env.close()
     return 0
 
 
+def _checkpoint_dir(path: str) -> Path:
+    """The checkpoint folder, given it or the run folder that holds it as ``checkpoint/``."""
+    checkpoint = Path(path)
+    return checkpoint / "checkpoint" if (checkpoint / "checkpoint").is_dir() else checkpoint
+
+
+def completion_server(args: argparse.Namespace):
+    """The ``CompletionServer`` that ``capo serve`` runs: the checkpoint's actor behind ``HFBackend``,
+    bound to ``--host``/``--port`` but not serving yet."""
+    import torch
+
+    from .backends.hf import HFBackend
+    from .backends.server import CompletionServer
+    from .models import load_checkpoint
+
+    model, tokenizer = load_checkpoint(_checkpoint_dir(args.checkpoint))
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    actor = model.actor.to(device).eval()
+    try:
+        return CompletionServer(
+            HFBackend(actor, tokenizer), tokenizer, args.served_model_name or args.checkpoint, args.host, args.port,
+            max_model_len=args.max_model_len, verbose=args.verbose,
+        )
+    except OSError as e:
+        raise SystemExit(f"capo serve: cannot listen on {args.host}:{args.port}: {e}") from None
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    """Serve a checkpoint over the OpenAI completions API until Ctrl-C or SIGTERM."""
+    import signal
+
+    server = completion_server(args)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # shut down cleanly, releasing the port
+    print(f"serving {server.model_name!r} at {server.url} (POST /completions, GET /models)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("shutting down", file=sys.stderr)
+    finally:
+        server.shutdown()
+    return 0
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     from .models import export_actor
 
-    checkpoint = Path(args.checkpoint)
-    if (checkpoint / "checkpoint").is_dir():  # a run folder: use its checkpoint
-        checkpoint = checkpoint / "checkpoint"
-    print(f"actor written to {export_actor(checkpoint, args.out)} (use it as model.path=...)")
+    print(f"actor written to {export_actor(_checkpoint_dir(args.checkpoint), args.out)} (use it as model.path=...)")
     return 0
 
 
@@ -183,12 +230,26 @@ def build_parser() -> argparse.ArgumentParser:
         train.set_defaults(func=_cmd_train, sft_only=name == "sft")
 
     evaluate = sub.add_parser("eval", help="greedy evaluation of a checkpoint on an env's held-out split")
-    evaluate.add_argument("--checkpoint", required=True)
+    evaluate.add_argument("--checkpoint", required=True,
+                          help="a run folder or its checkpoint/; with --server, where the tokenizer is read")
+    evaluate.add_argument("--server", help="generate through an OpenAI-compatible server instead, e.g. "
+                          "http://127.0.0.1:8000/v1 (`capo serve`, or vLLM)")
+    evaluate.add_argument("--served-model", help="the model name the server knows (default: --checkpoint)")
     evaluate.add_argument("--env", default="capo/SynthHop-v0")
     evaluate.add_argument("--split", default="test")
     evaluate.add_argument("--episodes", type=int, default=100)
     evaluate.add_argument("env_kwargs", nargs="*", metavar="key=value")
     evaluate.set_defaults(func=_cmd_eval)
+
+    serve = sub.add_parser("serve", help="serve a checkpoint over the OpenAI completions API (for OpenAIBackend)")
+    serve.add_argument("--checkpoint", required=True, help="a run folder or its checkpoint/")
+    serve.add_argument("--host", default="127.0.0.1", help="use 0.0.0.0 to accept other machines")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--served-model-name", help="the name requests must give as model (default: --checkpoint)")
+    serve.add_argument("--device", help="where the model runs (default: cuda when available, else cpu)")
+    serve.add_argument("--max-model-len", type=int, help="refuse requests needing more positions (default: no limit)")
+    serve.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    serve.set_defaults(func=_cmd_serve)
 
     export = sub.add_parser("export", help="write a checkpoint's actor as a plain HF model folder (LoRA merged)")
     export.add_argument("--checkpoint", required=True, help="a run folder or its checkpoint/")

@@ -19,6 +19,7 @@ process logs and writes the checkpoints (every process evaluates its share of th
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import math
@@ -35,6 +36,7 @@ import torch
 
 from .algorithms import ALGORITHMS, Algorithm, StepBatch, kl_loss, token_value_loss, value_loss
 from .algorithms.losses import action_log_ratio, entropy_loss
+from .backends.base import GenerationBackend
 from .backends.hf import HFBackend
 from .config import TrainConfig, to_dict
 from .models import (
@@ -395,17 +397,20 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
 
 
 def evaluate(
-    model: ActorCritic, tokenizer, config: TrainConfig, envs: list[gym.Env], episodes: int, accelerator=None
+    model: ActorCritic | None, tokenizer, config: TrainConfig, envs: list[gym.Env], episodes: int, accelerator=None,
+    backend: GenerationBackend | None = None,
 ) -> dict[str, float]:
     """Greedy decoding on the first ``episodes`` tasks of the held-out split (the same tasks every time),
-    shared out among the processes."""
+    shared out among the processes. ``backend`` generates instead of ``model`` (e.g. an ``OpenAIBackend``
+    in front of a server; ``model`` may then be None)."""
     task_ids = list(envs[0].unwrapped.task_ids())[:episodes]
     if accelerator is not None:
         task_ids = task_ids[accelerator.process_index :: accelerator.num_processes]
     trajectories = []
     if task_ids:
-        backend = HFBackend(model.actor, tokenizer, batch_size=len(envs))
-        with evaluating(model):
+        in_process = backend is None
+        backend = HFBackend(model.actor, tokenizer, batch_size=len(envs)) if in_process else backend
+        with evaluating(model) if in_process else contextlib.nullcontext():
             trajectories = collect(
                 envs, backend, tokenizer, tasks_per_batch=len(task_ids), group_size=1, task_ids=task_ids,
                 max_action_tokens=config.rollout.max_action_tokens, max_prompt_tokens=config.rollout.max_prompt_tokens,

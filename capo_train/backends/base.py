@@ -11,8 +11,9 @@ Implementations:
   seed=...))``; ``token_ids`` = ``output.token_ids``, ``logprobs`` from ``output.logprobs`` (with
   ``logprobs_mode="processed_logprobs"`` when temperature != 1), ``finish_reason`` from ``output``
   (``"stop"`` with a ``stop_reason`` string = a stop string, with ``None`` = EOS).
-- An OpenAI-compatible server (later): ``POST /v1/completions`` with ``prompt`` = the token ids,
-  ``logprobs=1`` and vLLM's ``return_tokens_as_token_ids=true``, so ids come back without re-tokenising.
+- :class:`capo_train.backends.openai.OpenAIBackend`: an OpenAI-compatible server (vLLM, or ``capo serve``):
+  ``POST /v1/completions`` with ``prompt`` = the token ids, ``logprobs=1`` and vLLM's
+  ``return_tokens_as_token_ids=true``, so ids come back without re-tokenising.
 """
 
 from __future__ import annotations
@@ -57,3 +58,15 @@ class GenerationBackend(Protocol):
         stop string (the token that completes it is kept, nothing after it), at EOS, or after
         ``max_new_tokens`` tokens. The same ``seed`` and inputs give the same output."""
         ...
+
+
+def check_generate_args(
+    prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float, greedy: bool
+) -> None:
+    """Raise ``ValueError`` for arguments no backend can honour, before any work (or request) is done."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature <= 0 and not greedy:
+        raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {temperature}")
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")

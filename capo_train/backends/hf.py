@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from .base import Generation
+from .base import Generation, check_generate_args
 
 
 @dataclass
@@ -82,14 +82,9 @@ class HFBackend:
         greedy: bool = False,
         seed: int | None = None,
     ) -> list[Generation]:
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if temperature <= 0 and not greedy:
-            raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {temperature}")
+        check_generate_args(prompts, max_new_tokens, temperature, greedy)
         if temperature <= 0:  # greedy with T=0: record the model's own (T=1) log-probs
             temperature = 1.0
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
         generator = None
         if seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(seed)
