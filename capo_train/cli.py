@@ -154,17 +154,10 @@ def completion_server(args: argparse.Namespace):
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     """Serve a checkpoint over the OpenAI completions API until Ctrl-C or SIGTERM."""
-    import signal
+    from capo_envs.core.http import serve_until_interrupted
 
     server = completion_server(args)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # shut down cleanly, releasing the port
-    print(f"serving {server.model_name!r} at {server.url} (POST /completions, GET /models)", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        print("shutting down", file=sys.stderr)
-    finally:
-        server.shutdown()
+    serve_until_interrupted(server, f"serving {server.model_name!r} at {server.url} (POST /completions, GET /models)")
     return 0
 
 

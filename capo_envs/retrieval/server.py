@@ -11,16 +11,18 @@ client's mistake must never take down a server that a whole training run depends
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import signal
-import socket
 import sys
 import threading
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
+from ..core.http import (
+    JSONHandler,
+    JSONServer,
+    RequestError,
+    json_object,
+    serve_until_interrupted,
+)
 from .base import Hit, Retriever
 
 logger = logging.getLogger(__name__)
@@ -28,19 +30,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_TOPK = 3  # Search-R1's default ``retrieval_topk``
 
 
-class RequestError(Exception):
-    """A client mistake, answered with ``status`` and ``{"error": message}``."""
-
-    def __init__(self, status: HTTPStatus, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-class RetrieverServer(ThreadingHTTPServer):
-    """A threading HTTP server around one retriever; calls into the retriever are serialised."""
-
-    daemon_threads = True  # a stuck client must not keep the process alive at exit
+class RetrieverServer(JSONServer):
+    """An HTTP server around one retriever; calls into the retriever are serialised."""
 
     def __init__(
         self,
@@ -54,74 +45,27 @@ class RetrieverServer(ThreadingHTTPServer):
         request_timeout: float = 30.0,
         verbose: bool = False,
     ):
-        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.retriever = retriever
         self.max_queries = max_queries
         self.max_topk = max_topk
-        self.max_body_bytes = max_body_bytes
-        self.request_timeout = request_timeout
-        self.verbose = verbose
         self.lock = threading.Lock()  # backends (Lucene, faiss, bm25s caches) are not all thread-safe
-        self._serving = False
-        self._thread: threading.Thread | None = None
-        super().__init__((host, port), RetrieveHandler)
-
-    @property
-    def url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-    def serve_forever(self, poll_interval: float = 0.1) -> None:
-        self._serving = True
-        try:
-            super().serve_forever(poll_interval)
-        finally:
-            self._serving = False
-
-    def start_in_thread(self) -> "RetrieverServer":
-        """Serve from a daemon thread (tests, notebooks, embedding in a trainer); returns self."""
-        self._serving = True  # so that a shutdown() racing the thread's start still stops it
-        self._thread = threading.Thread(target=self.serve_forever, name=f"retriever-server:{self.url}", daemon=True)
-        self._thread.start()
-        return self
-
-    def shutdown(self) -> None:
-        """Stop serving and close the listening socket, releasing the port. Safe to call twice."""
-        if self._serving:
-            super().shutdown()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        self.server_close()
-
-    def __enter__(self) -> "RetrieverServer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that vanished mid-answer is routine; socketserver would print a traceback."""
-        logger.debug("error while answering %s", client_address, exc_info=True)
+        super().__init__(
+            host, port, RetrieveHandler, max_body_bytes=max_body_bytes, request_timeout=request_timeout, verbose=verbose
+        )
 
     def retrieve(self, queries: list[str], topk: int) -> list[list[Hit]]:
         with self.lock:
             return self.retriever.search(queries, topk)
 
 
-class RetrieveHandler(BaseHTTPRequestHandler):
-    """``POST /retrieve`` and ``GET /health``; every answer, errors included, is JSON."""
+class RetrieveHandler(JSONHandler):
+    """``POST /retrieve`` and ``GET /health``; every answer is JSON, an error ``{"error": message}``."""
 
     server: RetrieverServer
-    protocol_version = "HTTP/1.1"  # keep-alive for clients that reuse connections
-    error_content_type = "application/json"
-
-    def setup(self) -> None:
-        self.timeout = self.server.request_timeout  # a body shorter than its Content-Length must not hang a thread
-        super().setup()
+    not_allowed_message = "{method} is not allowed; use POST /retrieve or GET /health"
 
     def do_GET(self) -> None:
-        path = self.path.partition("?")[0].rstrip("/")
+        path = self.route
         if path == "/health":
             self._send_json(HTTPStatus.OK, self._health())
         elif path == "/retrieve":
@@ -130,7 +74,7 @@ class RetrieveHandler(BaseHTTPRequestHandler):
             self.send_error(HTTPStatus.NOT_FOUND, f"no such endpoint {path or '/'!r}; use POST /retrieve or GET /health")
 
     def do_POST(self) -> None:
-        path = self.path.partition("?")[0].rstrip("/")
+        path = self.route
         try:
             if path == "/health":
                 raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, "use GET /health")
@@ -138,30 +82,19 @@ class RetrieveHandler(BaseHTTPRequestHandler):
                 raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint {path or '/'!r}; use POST /retrieve")
             queries, topk, return_scores = self._parse_request(self._read_body())
         except RequestError as e:
-            self.close_connection = True  # the rest of the stream (unread body, bytes past a short one) is suspect
-            self._send_json(e.status, {"error": e.message})
+            self._reject(e)
             return
         try:
             results = self.server.retrieve(queries, topk)
         except Exception as e:  # noqa: BLE001 - any backend failure becomes a 500, never a dead server
             logger.exception("retriever failed on %d queries", len(queries))
-            self._send_json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"retriever failed: {type(e).__name__}: {e}"})
+            self._send_error_json(HTTPStatus.INTERNAL_SERVER_ERROR, f"retriever failed: {type(e).__name__}: {e}")
             return
         if return_scores:
             body = [[{"document": h.to_document(), "score": h.score} for h in hits] for hits in results]
         else:
             body = [[h.to_document() for h in hits] for hits in results]
         self._send_json(HTTPStatus.OK, {"result": body})
-
-    def __getattr__(self, name: str) -> Any:
-        """Any other method (PUT, DELETE, HEAD, made-up ones) is a 405, not http.server's 501."""
-        if name.startswith("do_"):
-            return self._method_not_allowed
-        raise AttributeError(name)
-
-    def _method_not_allowed(self) -> None:
-        self.close_connection = True  # a body, if any, was not read
-        self.send_error(HTTPStatus.METHOD_NOT_ALLOWED, f"{self.command} is not allowed; use POST /retrieve or GET /health")
 
     def _health(self) -> dict:
         return {
@@ -171,40 +104,8 @@ class RetrieveHandler(BaseHTTPRequestHandler):
             "max_topk": self.server.max_topk,
         }
 
-    def _read_body(self) -> bytes:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "chunked bodies are not supported; send Content-Length")
-        length_header = self.headers.get("Content-Length")
-        if length_header is None:
-            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required")
-        try:
-            length = int(length_header)
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            raise RequestError(HTTPStatus.BAD_REQUEST, f"bad Content-Length {length_header!r}") from None
-        if length > self.server.max_body_bytes:
-            raise RequestError(
-                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                f"body of {length} bytes exceeds the limit of {self.server.max_body_bytes}",
-            )
-        try:
-            body = self.rfile.read(length)
-        except (TimeoutError, OSError):
-            body = b""
-        if len(body) < length:
-            raise RequestError(HTTPStatus.BAD_REQUEST, f"body ended after {len(body)} of {length} bytes")
-        return body
-
     def _parse_request(self, body: bytes) -> tuple[list[str], int, bool]:
-        try:
-            request = json.loads(body.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise RequestError(HTTPStatus.BAD_REQUEST, f"body is not valid UTF-8 ({e.reason} at byte {e.start})") from None
-        except json.JSONDecodeError as e:
-            raise RequestError(HTTPStatus.BAD_REQUEST, f"body is not valid JSON ({e.msg} at char {e.pos})") from None
-        if not isinstance(request, dict):
-            raise RequestError(HTTPStatus.BAD_REQUEST, f"body must be a JSON object, got {type(request).__name__}")
+        request = json_object(body)
 
         queries = request.get("queries")
         if queries is None:
@@ -227,30 +128,6 @@ class RetrieveHandler(BaseHTTPRequestHandler):
         if not isinstance(return_scores, bool):
             raise RequestError(HTTPStatus.BAD_REQUEST, f'"return_scores" must be true or false, got {return_scores!r}')
         return queries, topk, return_scores
-
-    def _send_json(self, status: HTTPStatus, payload: dict) -> None:
-        data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=utf-8")
-        self.send_header("Content-Length", str(len(data)))
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(data)
-
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """JSON instead of http.server's HTML page, for malformed request lines and headers too."""
-        status = HTTPStatus(code)
-        if code >= 400:
-            self.close_connection = True  # after a protocol error the stream cannot be trusted
-        try:
-            self._send_json(status, {"error": message or status.phrase})
-        except OSError:
-            self.close_connection = True  # the client has gone; nothing to answer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        if self.server.verbose:
-            super().log_message(format, *args)
 
 
 def make_server(
@@ -306,17 +183,6 @@ def serve_main(argv: list[str] | None = None) -> int:
         retriever.close()
         print(f"capo serve-retriever: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 2
-    if threading.current_thread() is threading.main_thread():
-        # Installed after the retriever is opened: an in-process JVM (lucene) replaces Python's
-        # SIGINT handler with one that exits without our cleanup.
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.default_int_handler)
-    print(f"serving {args.retriever} retriever at {server.url} (POST /retrieve, GET /health)", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        print("shutting down", file=sys.stderr)
-    finally:
-        server.shutdown()
-        retriever.close()
+    banner = f"serving {args.retriever} retriever at {server.url} (POST /retrieve, GET /health)"
+    serve_until_interrupted(server, banner, on_close=retriever.close)
     return 0

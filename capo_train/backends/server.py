@@ -10,24 +10,23 @@ Sampling options it does not implement (``top_p`` < 1, penalties, ``n`` > 1, str
 rather than ignored: a client that got plain samples where it asked for nucleus ones would record the
 wrong log-probs.
 
-Standard library only, in the style of ``capo serve-retriever``: one generation at a time (a lock
-around the backend), every answer JSON, a client's mistake a 4xx ``{"error": {"message": ...}}``, a
-failing backend a 500, never a dead server. Binds 127.0.0.1 unless told otherwise.
+Standard library only, on the same plumbing as ``capo serve-retriever`` (:mod:`capo_envs.core.http`):
+one generation at a time (a lock around the backend), every answer JSON, a client's mistake a 4xx
+``{"error": {"message": ...}}``, a failing backend a 500, never a dead server. Binds 127.0.0.1 unless
+told otherwise.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import socket
-import sys
 import threading
 import time
 import uuid
 from dataclasses import dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from capo_envs.core.http import JSONHandler, JSONServer, RequestError, json_object
 
 from .base import Generation, GenerationBackend
 
@@ -40,15 +39,6 @@ NEUTRAL_OPTIONS = {
     "top_p": (None, 1), "top_k": (None, -1, 0), "min_p": (None, 0), "repetition_penalty": (None, 1),
     "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}), "min_tokens": (None, 0),
 }
-
-
-class RequestError(Exception):
-    """A client mistake, answered with ``status`` and ``{"error": {"message": message, ...}}``."""
-
-    def __init__(self, status: HTTPStatus, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 def _bad(message: str) -> RequestError:
@@ -69,10 +59,8 @@ class CompletionRequest:
     include_stop_str: bool
 
 
-class CompletionServer(ThreadingHTTPServer):
+class CompletionServer(JSONServer):
     """An HTTP server around one backend; generations are serialised (one model, one request at a time)."""
-
-    daemon_threads = True  # a stuck client must not keep the process alive at exit
 
     def __init__(
         self,
@@ -90,54 +78,19 @@ class CompletionServer(ThreadingHTTPServer):
     ):
         """``max_model_len``: the most tokens (prompt + completion) a request may need, when the model has a
         limit; ``max_tokens_limit`` caps ``max_tokens`` so that one request cannot hold the model for long."""
-        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.backend, self.tokenizer, self.model_name = backend, tokenizer, model_name
         self.vocab_size = len(tokenizer)
         self.max_model_len = max_model_len
         self.max_tokens_limit = max_tokens_limit
-        self.max_body_bytes = max_body_bytes
-        self.request_timeout = request_timeout
-        self.verbose = verbose
         self.created = int(time.time())
         self.lock = threading.Lock()  # the backend (model, KV prefix cache) and tokenizer serve one call at a time
-        self._serving = False
-        self._thread: threading.Thread | None = None
-        super().__init__((host, port), CompletionHandler)
+        limits = {"max_body_bytes": max_body_bytes, "request_timeout": request_timeout}
+        super().__init__(host, port, CompletionHandler, **limits, verbose=verbose)
 
     @property
     def url(self) -> str:
         """The API root, e.g. ``http://127.0.0.1:8000/v1``: what ``OpenAIBackend`` takes as ``base_url``."""
-        host, port = self.server_address[:2]
-        return (f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}") + "/v1"
-
-    def serve_forever(self, poll_interval: float = 0.1) -> None:
-        self._serving = True
-        try:
-            super().serve_forever(poll_interval)
-        finally:
-            self._serving = False
-
-    def start_in_thread(self) -> CompletionServer:
-        """Serve from a daemon thread (tests, notebooks); returns self."""
-        self._serving = True  # so that a shutdown() racing the thread's start still stops it
-        self._thread = threading.Thread(target=self.serve_forever, name=f"completion-server:{self.url}", daemon=True)
-        self._thread.start()
-        return self
-
-    def shutdown(self) -> None:
-        """Stop serving and close the listening socket, releasing the port. Safe to call twice."""
-        if self._serving:
-            super().shutdown()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        self.server_close()
-
-    close = shutdown
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that vanished mid-answer is routine; socketserver would print a traceback."""
-        logger.debug("error while answering %s: %r", client_address, sys.exc_info()[1])
+        return super().url + "/v1"
 
     def models(self) -> dict:
         model = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "capo"}
@@ -193,14 +146,7 @@ class CompletionServer(ThreadingHTTPServer):
 
     def parse(self, body: bytes) -> CompletionRequest:
         """Validate a request body; :class:`RequestError` on anything this server cannot serve as asked."""
-        try:
-            request = json.loads(body.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise _bad(f"body is not valid UTF-8 ({e.reason} at byte {e.start})") from None
-        except json.JSONDecodeError as e:
-            raise _bad(f"body is not valid JSON ({e.msg} at char {e.pos})") from None
-        if not isinstance(request, dict):
-            raise _bad(f"body must be a JSON object, got {type(request).__name__}")
+        request = json_object(body)
         model = request.get("model")
         if model is not None and model != self.model_name:
             message = f"the model {model!r} does not exist; this server has {self.model_name!r}"
@@ -248,19 +194,18 @@ class CompletionServer(ThreadingHTTPServer):
         return list(ids)
 
 
-class CompletionHandler(BaseHTTPRequestHandler):
-    """``POST /v1/completions`` and ``GET /v1/models``; every answer, errors included, is JSON."""
+class CompletionHandler(JSONHandler):
+    """``POST /v1/completions`` and ``GET /v1/models``; every answer is JSON, an error OpenAI's
+    ``{"error": {"message": ...}}``."""
 
     server: CompletionServer
-    protocol_version = "HTTP/1.1"  # keep-alive for clients that reuse connections
-    error_content_type = "application/json"
 
-    def setup(self) -> None:
-        self.timeout = self.server.request_timeout  # a body shorter than its Content-Length must not hang a thread
-        super().setup()
+    def error_payload(self, status: HTTPStatus, message: str) -> dict:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        return {"error": {"message": message, "type": kind, "code": int(status)}}
 
     def do_GET(self) -> None:
-        path = self.path.partition("?")[0].rstrip("/")
+        path = self.route
         if path == "/v1/models":
             self._send_json(HTTPStatus.OK, self.server.models())
         elif path == "/v1/completions":
@@ -270,14 +215,13 @@ class CompletionHandler(BaseHTTPRequestHandler):
             self.send_error(HTTPStatus.NOT_FOUND, message)
 
     def do_POST(self) -> None:
-        path = self.path.partition("?")[0].rstrip("/")
+        path = self.route
         try:
             if path != "/v1/completions":
                 raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint {path or '/'!r}; use POST /v1/completions")
             request = self.server.parse(self._read_body())
         except RequestError as e:
-            self.close_connection = True  # the rest of the stream (unread body, bytes past a short one) is suspect
-            self._send_error_json(e.status, e.message)
+            self._reject(e)
             return
         try:
             answer = self.server.complete(request)
@@ -286,67 +230,6 @@ class CompletionHandler(BaseHTTPRequestHandler):
             self._send_error_json(HTTPStatus.INTERNAL_SERVER_ERROR, f"generation failed: {type(e).__name__}: {e}")
             return
         self._send_json(HTTPStatus.OK, answer)
-
-    def __getattr__(self, name: str) -> Any:
-        """Any other method (PUT, DELETE, HEAD, made-up ones) is a 405, not http.server's 501."""
-        if name.startswith("do_"):
-            return self._method_not_allowed
-        raise AttributeError(name)
-
-    def _method_not_allowed(self) -> None:
-        self.close_connection = True  # a body, if any, was not read
-        self.send_error(HTTPStatus.METHOD_NOT_ALLOWED, f"{self.command} is not allowed here")
-
-    def _read_body(self) -> bytes:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "chunked bodies are not supported; send Content-Length")
-        length_header = self.headers.get("Content-Length")
-        if length_header is None:
-            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required")
-        try:
-            length = int(length_header)
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            raise _bad(f"bad Content-Length {length_header!r}") from None
-        if length > self.server.max_body_bytes:
-            message = f"body of {length} bytes exceeds the limit of {self.server.max_body_bytes}"
-            raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, message)
-        try:
-            body = self.rfile.read(length)
-        except (TimeoutError, OSError):
-            body = b""
-        if len(body) < length:
-            raise _bad(f"body ended after {len(body)} of {length} bytes")
-        return body
-
-    def _send_error_json(self, status: HTTPStatus, message: str) -> None:
-        kind = "invalid_request_error" if status < 500 else "server_error"
-        self._send_json(status, {"error": {"message": message, "type": kind, "code": int(status)}})
-
-    def _send_json(self, status: HTTPStatus, payload: dict) -> None:
-        data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=utf-8")
-        self.send_header("Content-Length", str(len(data)))
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(data)
-
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """JSON instead of http.server's HTML page, for malformed request lines and headers too."""
-        status = HTTPStatus(code)
-        if code >= 400:
-            self.close_connection = True  # after a protocol error the stream cannot be trusted
-        try:
-            self._send_error_json(status, message or status.phrase)
-        except OSError:
-            self.close_connection = True  # the client has gone; nothing to answer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        if self.server.verbose:
-            super().log_message(format, *args)
 
 
 def serve(

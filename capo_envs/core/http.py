@@ -1,0 +1,221 @@
+"""The plumbing shared by capo's small loopback JSON servers (``capo serve-retriever``, ``capo serve``).
+
+Standard library only, so that serving never needs a web framework. A :class:`JSONServer` binds on
+construction and serves on :meth:`~JSONServer.serve_forever` or :meth:`~JSONServer.start_in_thread`;
+a :class:`JSONHandler` answers everything in JSON, protocol errors included, and reads bodies with a
+size limit and a timeout. A client's mistake is a :class:`RequestError` (a 4xx), never a dead server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, TypeVar
+
+logger = logging.getLogger(__name__)
+
+_Server = TypeVar("_Server", bound="JSONServer")
+
+
+class RequestError(Exception):
+    """A client mistake, answered with ``status`` and the handler's :meth:`~JSONHandler.error_payload`."""
+
+    def __init__(self, status: HTTPStatus, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class JSONServer(ThreadingHTTPServer):
+    """A threading HTTP server for a :class:`JSONHandler`; ``shutdown``, ``close`` or ``with`` releases the port."""
+
+    daemon_threads = True  # a stuck client must not keep the process alive at exit
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        handler: type[JSONHandler],
+        *,
+        max_body_bytes: int = 8 << 20,
+        request_timeout: float = 30.0,
+        verbose: bool = False,
+    ):
+        """Bind ``host:port`` (port 0 picks a free one) without serving yet. ``verbose`` logs every request."""
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.max_body_bytes = max_body_bytes
+        self.request_timeout = request_timeout
+        self.verbose = verbose
+        self._serving = False
+        self._thread: threading.Thread | None = None
+        super().__init__((host, port), handler)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    def serve_forever(self, poll_interval: float = 0.1) -> None:
+        self._serving = True
+        try:
+            super().serve_forever(poll_interval)
+        finally:
+            self._serving = False
+
+    def start_in_thread(self: _Server) -> _Server:
+        """Serve from a daemon thread (tests, notebooks, embedding in a trainer); returns self."""
+        self._serving = True  # so that a shutdown() racing the thread's start still stops it
+        name = f"{type(self).__name__}:{self.url}"
+        self._thread = threading.Thread(target=self.serve_forever, name=name, daemon=True)
+        self._thread.start()
+        return self
+
+    def shutdown(self) -> None:
+        """Stop serving and close the listening socket, releasing the port. Safe to call twice."""
+        if self._serving:
+            super().shutdown()  # socketserver's would wait forever on a server that never served
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.server_close()
+
+    def close(self) -> None:
+        self.shutdown()
+
+    def __enter__(self: _Server) -> _Server:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that vanished mid-answer is routine; socketserver would print a traceback."""
+        logger.debug("error while answering %s: %r", client_address, sys.exc_info()[1])
+
+
+class JSONHandler(BaseHTTPRequestHandler):
+    """A request handler whose every answer, errors included, is JSON; subclasses add ``do_GET``/``do_POST``."""
+
+    server: JSONServer
+    protocol_version = "HTTP/1.1"  # keep-alive for clients that reuse connections
+    error_content_type = "application/json"
+    not_allowed_message = "{method} is not allowed here"  # the 405's message; ``{method}`` is the request's
+
+    def setup(self) -> None:
+        self.timeout = self.server.request_timeout  # a body shorter than its Content-Length must not hang a thread
+        super().setup()
+
+    @property
+    def route(self) -> str:
+        """The request's path without its query string or a trailing slash."""
+        return self.path.partition("?")[0].rstrip("/")
+
+    def error_payload(self, status: HTTPStatus, message: str) -> dict:
+        """The JSON body of an error answer."""
+        return {"error": message}
+
+    def __getattr__(self, name: str) -> Any:
+        """Any other method (PUT, DELETE, HEAD, made-up ones) is a 405, not http.server's 501."""
+        if name.startswith("do_"):
+            return self._method_not_allowed
+        raise AttributeError(name)
+
+    def _method_not_allowed(self) -> None:
+        self.close_connection = True  # a body, if any, was not read
+        self.send_error(HTTPStatus.METHOD_NOT_ALLOWED, self.not_allowed_message.format(method=self.command))
+
+    def _read_body(self) -> bytes:
+        """The request body, at most the server's ``max_body_bytes``; :class:`RequestError` otherwise."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "chunked bodies are not supported; send Content-Length")
+        length_header = self.headers.get("Content-Length")
+        if length_header is None:
+            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required")
+        try:
+            length = int(length_header)
+            if length < 0:
+                raise ValueError
+        except ValueError:
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"bad Content-Length {length_header!r}") from None
+        if length > self.server.max_body_bytes:
+            message = f"body of {length} bytes exceeds the limit of {self.server.max_body_bytes}"
+            raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, message)
+        try:
+            body = self.rfile.read(length)
+        except (TimeoutError, OSError):
+            body = b""
+        if len(body) < length:
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"body ended after {len(body)} of {length} bytes")
+        return body
+
+    def _reject(self, error: RequestError) -> None:
+        """Answer a client's mistake and close the connection."""
+        self.close_connection = True  # the rest of the stream (unread body, bytes past a short one) is suspect
+        self._send_error_json(error.status, error.message)
+
+    def _send_error_json(self, status: HTTPStatus, message: str) -> None:
+        self._send_json(status, self.error_payload(status, message))
+
+    def _send_json(self, status: HTTPStatus, payload: Any) -> None:
+        data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """JSON instead of http.server's HTML page, for malformed request lines and headers too."""
+        status = HTTPStatus(code)
+        if code >= 400:
+            self.close_connection = True  # after a protocol error the stream cannot be trusted
+        try:
+            self._send_error_json(status, message or status.phrase)
+        except OSError:
+            self.close_connection = True  # the client has gone; nothing to answer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if self.server.verbose:
+            super().log_message(format, *args)
+
+
+def json_object(body: bytes) -> dict:
+    """A request body parsed as a JSON object; :class:`RequestError` (400) otherwise."""
+    try:
+        request = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"body is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"body is not valid JSON ({e.msg} at char {e.pos})") from None
+    if not isinstance(request, dict):
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"body must be a JSON object, got {type(request).__name__}")
+    return request
+
+
+def serve_until_interrupted(server: JSONServer, banner: str, on_close: Callable[[], Any] | None = None) -> None:
+    """A CLI's serving loop: print ``banner``, serve until Ctrl-C or SIGTERM, then release the port
+    and call ``on_close``."""
+    if threading.current_thread() is threading.main_thread():
+        # Both signals end serve_forever with a KeyboardInterrupt, so that the port is released. Set here,
+        # after the caller opened what it serves: an in-process JVM (lucene) replaces Python's SIGINT
+        # handler with one that exits without our cleanup.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.default_int_handler)
+    print(banner, flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("shutting down", file=sys.stderr)
+    finally:
+        server.shutdown()
+        if on_close is not None:
+            on_close()
