@@ -189,6 +189,8 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f"rollout.layout must be 'packed' or 'per_action', got {config.rollout.layout!r}")
     if config.rollout.layout == "packed" and config.rollout.state != "concat":
         raise ConfigError("rollout.layout=packed needs rollout.state=concat (window prompts are rebuilt each step)")
+    if not config.rollout.temperature > 0:
+        raise ConfigError(f"rollout.temperature must be > 0, got {config.rollout.temperature}")
     if config.device not in ("auto", "cpu"):
         raise ConfigError(f"device must be 'auto' or 'cpu', got {config.device!r}")
     if config.model.critic not in ("shared", "separate"):

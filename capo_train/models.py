@@ -255,10 +255,13 @@ def _scored_positions(attention_mask: Tensor, logp_mask: Tensor | None) -> Tenso
 
 
 def _token_logp(
-    lm_head: nn.Module, hidden: Tensor, targets: Tensor, need_entropy: bool
+    lm_head: nn.Module, hidden: Tensor, targets: Tensor, need_entropy: bool, temperature: float = 1.0
 ) -> tuple[Tensor, Tensor]:
-    """``hidden [N, H]``, ``targets [N]`` -> ``logp [N]``, ``entropy [N]`` (zeros unless asked)."""
+    """``hidden [N, H]``, ``targets [N]`` -> ``logp [N]``, ``entropy [N]`` (zeros unless asked), under
+    ``softmax(logits / temperature)``."""
     logits = lm_head(hidden).float()  # [N, V]
+    if temperature != 1.0:
+        logits = logits / temperature
     lse = logits.logsumexp(-1)  # [N]
     logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
     if not need_entropy:
@@ -277,8 +280,11 @@ def lm_logp(
     need_entropy: bool = False,
     chunk: int = LOGP_CHUNK,
     recompute: bool = False,
+    temperature: float = 1.0,
 ) -> tuple[Tensor, Tensor | None, Tensor]:
-    """Per-token log-probs of a causal LM (``[R, S]``, aligned as in the module docstring).
+    """Per-token log-probs of a causal LM (``[R, S]``, aligned as in the module docstring), under
+    ``softmax(logits / temperature)``: the distribution a rollout at that temperature sampled from, so
+    that the ratio to its recorded log-probs is 1 before any update.
 
     The ``[R, S, V]`` logits are never materialised: the LM head runs on at most ``chunk`` scored
     positions at a time, and only on scored positions. Pass ``logp_mask`` = the response mask to skip the
@@ -286,8 +292,6 @@ def lm_logp(
     Under autograd each chunk's float32 logits stay alive for backward (4 bytes x V per scored token,
     200 KB on SmolLM2); ``recompute=True`` checkpoints each chunk instead, which keeps one chunk alive at a
     time but runs the head's forward twice (measured: +60 % head time on 2 CPU cores).
-
-    Returns ``(logp, entropy or None, hidden [R, S, H])``; pass ``hidden`` to reuse a backbone pass.
 
     Returns ``(logp, entropy or None, hidden [R, S, H])``; pass ``hidden`` to reuse a backbone pass.
     """
@@ -299,7 +303,7 @@ def lm_logp(
     targets = input_ids[scored]  # [N]
     pieces = []
     for i in range(0, h.shape[0], chunk):
-        args = (lm_head, h[i : i + chunk], targets[i : i + chunk], need_entropy)
+        args = (lm_head, h[i : i + chunk], targets[i : i + chunk], need_entropy, temperature)
         if recompute and torch.is_grad_enabled() and h.requires_grad:
             pieces.append(checkpoint(_token_logp, *args, use_reentrant=False))
         else:
@@ -362,12 +366,13 @@ class ActorCritic(nn.Module):
         logp_mask: Tensor | None = None,
         chunk: int = LOGP_CHUNK,
         recompute: bool = False,
+        temperature: float = 1.0,
     ) -> ModelOutput:
         """``input_ids``/``attention_mask`` ``[R, S]`` -> ``ModelOutput`` of ``[R, S]`` tensors.
 
         ``need_logp=False`` is the critic-only pass: a separate critic skips the actor entirely; a shared
-        critic with a detached backbone runs the backbone without autograd. ``logp_mask``, ``chunk`` and
-        ``recompute``: see ``lm_logp``.
+        critic with a detached backbone runs the backbone without autograd. ``logp_mask``, ``chunk``,
+        ``recompute`` and ``temperature``: see ``lm_logp``.
         """
         out = ModelOutput()
         hidden = None
@@ -380,6 +385,7 @@ class ActorCritic(nn.Module):
                 need_entropy=need_entropy,
                 chunk=chunk,
                 recompute=recompute,
+                temperature=temperature,
             )
         if need_values:
             if self.critic is None:
@@ -475,9 +481,11 @@ def reference_logp(
     reference: nn.Module | None = None,
     logp_mask: Tensor | None = None,
     micro_batch: int = 8,
+    temperature: float = 1.0,
 ) -> Tensor:
-    """``[R, S]`` log-probs under the reference policy (the initial checkpoint): a frozen ``reference``
-    model if given, else the actor with its LoRA adapters disabled (no second copy in memory)."""
+    """``[R, S]`` log-probs under the reference policy (the initial checkpoint) at ``temperature``: a
+    frozen ``reference`` model if given, else the actor with its LoRA adapters disabled (no second copy
+    in memory)."""
     if reference is None and not model.uses_lora:
         raise ValueError("reference_logp needs a reference model (load_reference) when the actor has no LoRA")
     scorer = reference if reference is not None else model.actor
@@ -486,7 +494,7 @@ def reference_logp(
         for i in range(0, input_ids.shape[0], micro_batch):
             rows = slice(i, i + micro_batch)
             mask = logp_mask[rows] if logp_mask is not None else None
-            parts.append(lm_logp(scorer, input_ids[rows], attention_mask[rows], logp_mask=mask)[0])
+            parts.append(lm_logp(scorer, input_ids[rows], attention_mask[rows], logp_mask=mask, temperature=temperature)[0])
     return torch.cat(parts)
 
 

@@ -204,8 +204,10 @@ def compute_targets(
     batch: RowBatch,
     final_value: torch.Tensor | None,
     reference: torch.nn.Module | None = None,
+    temperature: float = 1.0,
 ) -> Targets:
-    """Critic values and reference log-probs without gradient, then the estimator."""
+    """Critic values and reference log-probs (at the rollout's ``temperature``) without gradient, then the
+    estimator."""
     step = StepBatch(
         reward=batch.reward,
         traj_index=batch.traj_index,
@@ -228,7 +230,8 @@ def compute_targets(
     if settings.get("kl_coef", 0.0) > 0:
         ref_logp = gather_actions(
             reference_logp(
-                model, batch.input_ids, batch.attention_mask, reference=reference, logp_mask=batch.action_index >= 0
+                model, batch.input_ids, batch.attention_mask, reference=reference, logp_mask=batch.action_index >= 0,
+                temperature=temperature,
             ),
             batch,
         )
@@ -337,6 +340,7 @@ def update(
                 need_values=shared_critic,
                 need_entropy=entropy_coef > 0 or config.log_entropy,
                 logp_mask=mb.action_index >= 0,
+                temperature=config.rollout.temperature,  # the distribution the rollout sampled from
             )
             logp = gather_actions(out.logp, mb)  # [a, L]
             L = logp.shape[1]
@@ -539,7 +543,9 @@ def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, flo
     batch.action_id = torch.arange(batch.num_actions)
     batch = batch.to(backend.device)
     final_value = final_values(model, trajectories, batch, backend.pad_id) if algo.needs_critic else None
-    targets = compute_targets(model, algo, config.algo_overrides, batch, final_value, run.reference)
+    targets = compute_targets(
+        model, algo, config.algo_overrides, batch, final_value, run.reference, config.rollout.temperature
+    )
     if targets.old_values is not None and targets.returns is not None:
         mask = batch.action_mask.bool() if targets.returns.dim() == 2 else torch.ones_like(targets.returns, dtype=torch.bool)
         record["critic/explained_variance"] = explained_variance(targets.old_values[mask], targets.returns[mask])

@@ -55,6 +55,18 @@ def test_every_algorithm_runs_two_iterations(tiny_model_dir, tmp_path, algo):
         assert "actor/skipped_updates" not in record
 
 
+@pytest.mark.parametrize("algo", ["capo", "ppo"])
+def test_update_scores_actions_at_the_rollout_temperature(tiny_model_dir, tmp_path, algo):
+    """Sampled at T=0.5, scored at T=0.5: before any update (one mini-batch) every ratio is 1."""
+    extra = [f"algo={algo}", "iterations=1", "model.lora=false", "sft.episodes=0", "eval_every=0",
+             "rollout.temperature=0.5", "optim.minibatch_rows=64"]
+    train(config_for(tiny_model_dir, tmp_path, *extra), progress=False)
+    record = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[0])
+    assert record["actor/ratio_min"] == pytest.approx(1.0, abs=1e-3)
+    assert record["actor/ratio_max"] == pytest.approx(1.0, abs=1e-3)
+    assert abs(record["actor/approx_kl"]) < 1e-5
+
+
 def test_warm_start_then_rl_with_lora_writes_curve_and_summary(tiny_model_dir, tmp_path):
     summary = train(config_for(tiny_model_dir, tmp_path, "sft.epochs=4"), progress=False)
     records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
