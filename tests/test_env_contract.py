@@ -141,6 +141,22 @@ def test_invalid_action_costs_a_step_and_the_penalty(env_id):
     assert "no action found" in info["invalid_reason"] and "<search>" in obs
 
 
+def test_support_reward_pays_each_gold_passage_once():
+    env = gym.make("capo/SynthHop-v0", size="tiny", k=1, question_kinds=["bridge-2"], support_reward=0.25)
+    env.reset(seed=0)
+    rewards = []
+    while (action := env.unwrapped.expert_action()) is not None:
+        _, reward, terminated, _, info = env.step(action)
+        rewards.append(reward)
+    assert rewards == [0.25, 0.25, 1.0] and info["metrics"]["em"] == 1.0  # two hops found, then the answer
+    env.reset(seed=0)
+    first = env.unwrapped._task.expert_queries[0]
+    assert [env.step(f"<search>{first}</search>")[1] for _ in range(2)] == [0.25, 0.0]  # found already
+    assert env.step("<search>zzz unrelated</search>")[1] == 0.0
+    with pytest.raises(ValueError, match="support_reward"):
+        gym.make("capo/SynthHop-v0", size="tiny", support_reward=-1)
+
+
 def test_task_selection(env_id):
     env = make(env_id)
     ids = env.unwrapped.task_ids()

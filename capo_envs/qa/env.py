@@ -2,7 +2,8 @@
 
 An episode: the question; each action either searches (the observation is the top-k passages inside
 ``<information>``) or answers (the episode terminates, reward = exact match). Running out of steps
-truncates the episode with reward 0.
+truncates the episode with reward 0. ``support_reward`` optionally adds a shaped process reward for
+finding the supporting passages; ``info["metrics"]["em"]`` stays the benchmark's score.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ class MultiHopQAEnv(TextEnv):
     ``k`` passages per search and ``max_steps`` actions per episode (the paper's defaults: 5 and 5).
     ``action_format`` is ``"tags"`` (``<search>q</search>``, ``<answer>a</answer>``) or ``"tool_call"``
     (Hermes JSON calls). ``forced_first_search`` appends the results of searching the raw question to the
-    first observation, as the CAPO recipe does.
+    first observation, as the CAPO recipe does. ``support_reward`` (default 0: outcome reward only, as
+    in the benchmarks) is the reward of a search for each supporting passage it shows for the first time:
+    a step reward for the hop that found the bridge entity, which an action-level critic can credit.
     """
 
     def __init__(
@@ -54,6 +57,7 @@ class MultiHopQAEnv(TextEnv):
         invalid_penalty: float = 0.0,
         max_passage_chars: int | None = 1200,
         forced_first_search: bool = False,
+        support_reward: float = 0.0,
         max_context_chars: int | None = None,
         render_mode: str | None = None,
     ):
@@ -61,6 +65,8 @@ class MultiHopQAEnv(TextEnv):
             raise ValueError("MultiHopQAEnv needs at least one task")
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive int, got {k!r}")
+        if isinstance(support_reward, bool) or not isinstance(support_reward, (int, float)) or support_reward < 0:
+            raise ValueError(f"support_reward must be a number >= 0, got {support_reward!r}")
         super().__init__(
             make_protocol(action_format, QA_TOOLS),
             max_steps=max_steps,
@@ -74,6 +80,7 @@ class MultiHopQAEnv(TextEnv):
         self.k = k
         self.max_passage_chars = max_passage_chars
         self.forced_first_search = forced_first_search
+        self.support_reward = float(support_reward)
         self._task: QATask | None = None
         self._searched: list[str] = []
         self._seen_titles: set[str] = set()
@@ -95,7 +102,10 @@ class MultiHopQAEnv(TextEnv):
     def _act(self, action: Action) -> Outcome:
         if action.name == "search":
             query = action.args["query"]
-            return Outcome(self._search(query), info={"query": query})
+            found_before = self._seen_titles & set(self._task.supporting_titles)
+            observation = self._search(query)
+            found = self._seen_titles & set(self._task.supporting_titles)
+            return Outcome(observation, reward=self.support_reward * len(found - found_before), info={"query": query})
         self._answer = action.args["answer"]
         em = exact_match(self._answer, self._task.answers)
         return Outcome(f"Your answer: {self._answer}", reward=em, terminated=True)
