@@ -102,10 +102,11 @@ class MultiHopQAEnv(TextEnv):
     def _act(self, action: Action) -> Outcome:
         if action.name == "search":
             query = action.args["query"]
-            found_before = self._seen_titles & set(self._task.supporting_titles)
+            gold = set(self._task.supporting_titles)
+            found_before = len(self._seen_titles & gold)
             observation = self._search(query)
-            found = self._seen_titles & set(self._task.supporting_titles)
-            return Outcome(observation, reward=self.support_reward * len(found - found_before), info={"query": query})
+            newly_found = len(self._seen_titles & gold) - found_before
+            return Outcome(observation, reward=self.support_reward * newly_found, info={"query": query})
         self._answer = action.args["answer"]
         em = exact_match(self._answer, self._task.answers)
         return Outcome(f"Your answer: {self._answer}", reward=em, terminated=True)
