@@ -8,6 +8,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+# What `pip install "capo-gym[train]"` adds to the bare install; a command that needs one says so.
+TRAIN_EXTRA_MODULES = {"torch", "transformers", "tokenizers", "peft", "accelerate", "safetensors", "gguf"}
+
 
 def parse_key_values(pairs: Sequence[str]) -> dict[str, object]:
     """``["size=tiny", "k=3"]`` -> ``{"size": "tiny", "k": 3}``: values are read as YAML scalars."""
@@ -278,7 +281,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return serve_main(argv[1:])
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ModuleNotFoundError as e:
+        if e.name not in TRAIN_EXTRA_MODULES:
+            raise
+        raise SystemExit(
+            f"capo {args.command}: needs {e.name!r}, which the bare install leaves out; "
+            "install the trainer's extra: pip install 'capo-gym[train]' (torch first, pinned, for a CPU build)"
+        ) from None
 
 
 if __name__ == "__main__":
