@@ -3,6 +3,7 @@
 import random
 import subprocess
 import sys
+import threading
 
 import gymnasium as gym
 import pytest
@@ -69,7 +70,7 @@ def test_thousand_adversarial_actions_never_crash(env_id):
         assert isinstance(obs, str) and obs in env.observation_space
         assert isinstance(reward, float)
         assert INFO_KEYS <= set(info)
-        assert info["action_valid"] == (info["invalid_reason"] is None)
+        assert info["action_valid"] == (info["invalid_reason"] == "") == (info["action"]["name"] != "")
         if not info["action_valid"]:
             invalid += 1
             assert obs.startswith("Invalid action:") and reward == 0.0
@@ -137,7 +138,7 @@ def test_invalid_action_costs_a_step_and_the_penalty(env_id):
     env.reset(seed=0)
     obs, reward, terminated, truncated, info = env.step("I think the answer is Paris.")
     assert reward == -0.25 and not terminated and not truncated
-    assert info["step"] == 1 and info["action"] is None
+    assert info["step"] == 1 and info["action"] == {"name": "", "args": {}}
     assert "no action found" in info["invalid_reason"] and "<search>" in obs
 
 
@@ -221,6 +222,60 @@ def test_vector_envs(env_id, mode):
         assert episodes_done >= 2
     finally:
         envs.close()
+
+
+def close_promptly(envs, timeout: float = 30.0) -> None:
+    """Close a vector env in a thread, so that a hang (AsyncVectorEnv waiting on a dead step) fails the test
+    instead of hanging CI."""
+    closer = threading.Thread(target=envs.close, daemon=True)
+    closer.start()
+    closer.join(timeout)
+    assert not closer.is_alive(), f"{type(envs).__name__}.close() still running after {timeout} s"
+
+
+def make_vector(mode, fns):
+    if mode == "sync":
+        return gym.vector.SyncVectorEnv(fns)
+    return gym.vector.AsyncVectorEnv(fns, shared_memory=False)
+
+
+# Per sub-env action cycles (max_steps=3): sub-env 0 alternates invalid and valid and is truncated by the step
+# budget, sub-env 1 is terminated by an answer on its third step, sub-env 2 answers at once (terminated every
+# other vector step, autoreset in between), so steps mix valid, invalid, ended and autoreset sub-envs.
+MIXED_CYCLES = (
+    ("", "<search>x</search>", None),
+    ("<search>a</search>", 10**5000, "<answer>b</answer>"),
+    ("<answer>c</answer>",),
+)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_vector_envs_mix_valid_and_invalid_actions(env_id, mode):
+    envs = make_vector(mode, [lambda: make(env_id, max_steps=3) for _ in MIXED_CYCLES])
+    try:
+        envs.reset(seed=[0, 1, 2])
+        ends = {"terminated": 0, "truncated": 0}
+        valid_seen = invalid_seen = autoresets = 0
+        for t in range(10):
+            actions = [cycle[t % len(cycle)] for cycle in MIXED_CYCLES]
+            obs, rewards, terminated, truncated, infos = envs.step(actions)
+            assert all(isinstance(o, str) for o in obs) and rewards.dtype == float
+            ends["terminated"] += int(terminated.sum())
+            ends["truncated"] += int(truncated.sum())
+            autoresets += int(infos["_protocol"].sum()) if "_protocol" in infos else 0  # reset infos merged in
+            stepped = infos.get("_action_valid", [False] * len(MIXED_CYCLES))
+            for i in range(len(MIXED_CYCLES)):
+                if not stepped[i]:
+                    continue
+                valid = bool(infos["action_valid"][i])
+                valid_seen, invalid_seen = valid_seen + valid, invalid_seen + (not valid)
+                name = infos["action"]["name"][i]
+                assert isinstance(name, str) and (name != "") == valid
+                assert (infos["invalid_reason"][i] == "") == valid
+        assert valid_seen and invalid_seen and autoresets
+        assert ends["terminated"] >= 3 and ends["truncated"] >= 1
+    finally:
+        close_promptly(envs)
 
 
 class RecordingRetriever(Retriever):

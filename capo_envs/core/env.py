@@ -9,12 +9,13 @@ metrics are.
 from __future__ import annotations
 
 import difflib
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import gymnasium as gym
 
-from .protocol import Action, ActionProtocol
+from .protocol import Action, ActionProtocol, as_text, safe_repr
 from .spaces import UnicodeText
 
 TRUNCATION_MARK = "\n[... observation truncated ...]"
@@ -33,10 +34,20 @@ class Outcome:
 class TextEnv(gym.Env[str, str]):
     """A Gymnasium env whose observations and actions are text and whose actions are parsed by a protocol.
 
-    ``info`` on every step: ``action_valid``, ``action`` (the parsed action as a dict, or None),
-    ``invalid_reason`` (None when valid), ``task_id``, ``step``; ``available_actions`` where the env has a
-    finite set of legal actions; ``metrics`` and ``ended_by`` when the episode ends. ``info`` on reset also
-    carries ``protocol`` (instructions, stop strings) so a trainer needs nothing but the info dicts.
+    ``info`` on every step: ``action_valid`` (bool), ``action`` (the parsed action as
+    ``{"name": str, "args": {str: str}}``; for an invalid action ``{"name": "", "args": {}}``: no tool has an
+    empty name, so ``info["action"]["name"]`` is the tool used, or "" for none), ``invalid_reason`` (why the
+    action was rejected; "" when valid), ``task_id`` (str), ``step`` (int); ``available_actions`` (list of
+    str) where the env has a finite set of legal actions; ``metrics`` ({str: float}) and ``ended_by`` (str)
+    when the episode ends. ``info`` on reset also carries ``protocol`` (instructions, stop strings) so a
+    trainer needs nothing but the info dicts.
+
+    Every key keeps one type whatever the action's validity: Gymnasium's vector envs merge the sub-envs'
+    infos key by key into arrays (nested dicts recursively, with a ``_key`` mask for keys a sub-env lacks), and
+    a key that is a dict in one sub-env and None in another crashes that merge.
+
+    ``step`` accepts any Python object: a ``str`` (or ``str`` subclass) is parsed; anything else is an invalid
+    action. Neither raises, so a bad action cannot kill an ``AsyncVectorEnv`` worker.
     """
 
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
@@ -140,15 +151,18 @@ class TextEnv(gym.Env[str, str]):
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         if self._done:
             raise RuntimeError("step() was called on a finished episode; call reset() first")
+        # Nothing below may raise on a hostile action: the protocol parses any object, and the transcript
+        # keeps text as plain str and anything else as a bounded repr that cannot raise.
+        text = as_text(action)
+        parsed = self.protocol.parse(text if text is not None else action)
         self._steps += 1
-        parsed = self.protocol.parse(action)
         if parsed.valid:
             outcome = self._act(parsed.action)
         else:
             self._invalid_actions += 1
             outcome = Outcome(self.protocol.feedback(parsed.error), reward=0.0 - self.invalid_penalty)
         observation = self._fit(outcome.observation)
-        self._context_chars += len(observation) + (len(action) if isinstance(action, str) else 0)
+        self._context_chars += len(observation) + (len(text) if text is not None else 0)
 
         terminated = bool(outcome.terminated)
         ended_by = "terminated" if terminated else None
@@ -159,32 +173,32 @@ class TextEnv(gym.Env[str, str]):
             truncated, ended_by = True, "context_budget"
 
         info: dict[str, Any] = {
+            **outcome.info,  # the env's extras first, so they cannot change the contract keys' types
             "task_id": self._task_id,
             "step": self._steps,
             "action_valid": parsed.valid,
-            "action": parsed.action.to_dict() if parsed.valid else None,
-            "invalid_reason": parsed.error,
-            **outcome.info,
+            "action": parsed.action.to_dict() if parsed.valid else {"name": "", "args": {}},
+            "invalid_reason": parsed.error or "",
         }
         if terminated or truncated:
             self._done = True
             info["ended_by"] = ended_by
             info["metrics"] = {
-                **self._metrics(),
+                **{name: float(value) for name, value in self._metrics().items()},
                 "steps": float(self._steps),
                 "invalid_actions": float(self._invalid_actions),
             }
         else:
             self._add_available_actions(info)
-        self._transcript += [action if isinstance(action, str) else repr(action), observation]
+        self._transcript += [text if text is not None else safe_repr(action), observation]
         if self.render_mode == "human":
-            print(self._transcript[-2] + "\n" + observation)
+            _print_text(self._transcript[-2] + "\n" + observation)
         return observation, float(outcome.reward), terminated, truncated, info
 
     def render(self) -> str | None:
         text = "\n---\n".join(self._transcript)
         if self.render_mode == "human":
-            print(text)
+            _print_text(text)
             return None
         return text
 
@@ -198,3 +212,10 @@ class TextEnv(gym.Env[str, str]):
         actions = self.available_actions()
         if actions is not None:
             info["available_actions"] = list(actions)
+
+
+def _print_text(text: str) -> None:
+    """Print an action or observation even if it holds lone surrogates ("\\ud800"), which strict stdout
+    encoders refuse: they are shown as backslash escapes."""
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    print(text.encode(encoding, "backslashreplace").decode(encoding, "replace"))

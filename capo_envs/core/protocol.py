@@ -4,14 +4,15 @@ An env owns one protocol and publishes it (``env.unwrapped.protocol``, and ``inf
 a trainer can build prompts, stop generation and read feedback without knowing the env.
 
 Parsing is linear in the length of the text (one pass over the tags, no backtracking regex), so a hostile
-100k-character action costs microseconds, and it never raises on a string: it returns ``ParseResult`` with
-either an ``Action`` or a human-readable ``error`` that the env sends back as feedback.
+100k-character action costs microseconds, and it never raises on any Python object: it returns
+``ParseResult`` with either an ``Action`` or a human-readable ``error`` that the env sends back as feedback.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import reprlib
 import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -48,6 +49,41 @@ class ParseResult:
     @property
     def valid(self) -> bool:
         return self.action is not None
+
+
+def as_text(obj: Any) -> str | None:
+    """``obj`` as a plain ``str`` if it is a string (a ``str`` subclass such as ``numpy.str_`` included), else None.
+
+    Only the object's real type is trusted (``isinstance`` also believes a spoofed ``__class__``), and a
+    subclass is copied to an exact ``str`` without calling any method it overrides (``__str__``, ``__len__``,
+    ``find``, ``__getitem__`` ...), so whatever the parser does next runs on plain, well-behaved text.
+    """
+    if type(obj) is str:
+        return obj
+    if issubclass(type(obj), str):
+        return str.__getitem__(obj, slice(None))  # the C-level slice copies a subclass into an exact str
+    return None
+
+
+def type_name(obj: Any) -> str:
+    """The name of ``obj``'s type, read past any metaclass that overrides ``__name__``."""
+    try:
+        return type.__dict__["__name__"].__get__(type(obj))
+    except Exception:
+        return "object"
+
+
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = 80
+
+
+def safe_repr(obj: Any) -> str:
+    """A short ``repr`` for logs and transcripts that never raises (a huge int's or a hostile object's ``repr``
+    does) and never grows with the object (a million-element list gives a few dozen characters)."""
+    try:
+        return _SHORT_REPR.repr(obj)
+    except Exception:
+        return f"<{type_name(obj)} object>"
 
 
 def clean_text(text: str) -> str:
@@ -124,6 +160,8 @@ class ActionProtocol:
     ):
         if not tools:
             raise ValueError("a protocol needs at least one tool")
+        if any(not t.name for t in tools):  # "" names the missing action in ``info["action"]``
+            raise ValueError("every tool needs a non-empty name")
         self.tools = {t.name: t for t in tools}
         self.max_action_chars = max_action_chars
         self.max_arg_chars = max_arg_chars
@@ -145,9 +183,10 @@ class ActionProtocol:
         raise NotImplementedError
 
     # --- shared behaviour --------------------------------------------------------------------------
-    def parse(self, text: Any) -> ParseResult:
-        if not isinstance(text, str):
-            return ParseResult(None, f"an action must be a str, got {type(text).__name__}")
+    def parse(self, action: Any) -> ParseResult:
+        text = as_text(action)
+        if text is None:
+            return ParseResult(None, f"an action must be a str, got {type_name(action)}")
         if len(text) > self.max_action_chars:
             return ParseResult(
                 None, f"the action has {len(text)} characters; the limit is {self.max_action_chars}"
@@ -251,7 +290,7 @@ class ToolCallProtocol(ActionProtocol):
             return self._make_action(self.final, span.content)
         try:
             call = json.loads(span.content)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # ValueError: bad JSON, or an int over Python's 4300-digit limit
             return ParseResult(None, "the <tool_call> body is not valid JSON")
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             return ParseResult(None, 'a tool call must be a JSON object with a string "name"')
@@ -263,7 +302,7 @@ class ToolCallProtocol(ActionProtocol):
         if isinstance(arguments, str):  # some chat templates double-encode the arguments
             try:
                 arguments = json.loads(arguments)
-            except (json.JSONDecodeError, RecursionError):
+            except (ValueError, RecursionError):
                 pass
         if not isinstance(arguments, dict):
             return ParseResult(None, '"arguments" must be a JSON object')

@@ -31,7 +31,8 @@ class UnicodeText(spaces.Text):
         super().__init__(max_length=max_length, min_length=min_length, charset=SAMPLE_CHARSET, seed=seed)
 
     def contains(self, x: Any) -> bool:
-        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+        # The real type and str's own __len__: a str subclass may override __len__ (or spoof __class__).
+        return issubclass(type(x), str) and self.min_length <= str.__len__(x) <= self.max_length
 
     def __repr__(self) -> str:
         return f"UnicodeText({self.min_length}, {self.max_length})"

@@ -177,7 +177,8 @@ class DiagnosticEnv(TextEnv):
         return self._observe() if self._decisions < self.horizon else ""
 
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict]:
-        self._decisions += 1  # counted before the action is applied: _act and the feedback see it
+        if not self._done:  # a step after the end raises in TextEnv.step and must not count
+            self._decisions += 1  # counted before the action is applied: _act and the feedback see it
         obs, reward, terminated, truncated, info = super().step(action)
         if truncated and info.get("ended_by") == "step_budget":
             # The last decision was invalid: the task is over all the same (its horizon is part of the task,
