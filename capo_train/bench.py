@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, TrainConfig, _apply, parse_overrides, to_dict, validate
+from .config import (
+    ConfigError, TrainConfig, _apply, batch_shape, env_kwargs, parse_overrides, read_yaml, to_dict, validate,
+)
 
 # TrainConfig keys each cell gets from the grid itself; setting them in ``base`` would be silently overwritten.
 GRID_OWNED = {
@@ -37,6 +39,7 @@ GRID_OWNED = {
     "out_dir": "out_dir",
     "env.id": "envs",
     "rollout.group_size": "group_size",
+    "rollout.episodes_per_batch": "trajectories_per_iteration",
     "rollout.tasks_per_batch": "trajectories_per_iteration",
 }
 # (column, eval key): read from each run's last held-out evaluation.
@@ -127,11 +130,9 @@ def apply_grid(grid: GridConfig, updates: dict) -> GridConfig:
 
 def load_grid(path: str | Path | None = None, overrides: Sequence[str] = (), flags: dict | None = None) -> GridConfig:
     """Defaults, then the YAML file, then ``key=value`` overrides, then explicit flags; checked."""
-    import yaml
-
     grid = GridConfig()
     if path is not None:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = read_yaml(path) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path} must hold a mapping of grid keys")
         apply_grid(grid, data)
@@ -253,7 +254,9 @@ def cell_config(grid: GridConfig, env: EnvSpec, algo: str, seed: int) -> TrainCo
         config.env.kwargs = copy.deepcopy(env.kwargs)
     # Explicit 1 for the critic methods: 0 would mean "the algorithm's default", which is not the grid's.
     config.rollout.group_size = group
-    config.rollout.tasks_per_batch = grid.trajectories_per_iteration // group
+    config.rollout.episodes_per_batch = grid.trajectories_per_iteration
+    # Written out (batch_shape would derive it) so the config matches cells started before episodes_per_batch.
+    config.rollout.tasks_per_batch = batch_shape(config)[0]
     if "eval_every" not in grid.base:  # the held-out numbers in the table come from the end of each cell
         config.eval_every = grid.iterations
     config.out_dir = str(cell_dir(grid, env, algo, seed))
@@ -285,14 +288,15 @@ def is_done(grid: GridConfig, directory: Path) -> bool:
 def _check_same_config(config: TrainConfig, directory: Path) -> None:
     """Refuse to mix results of different settings in one table: a cell already started must have been
     started with this config (iterations and eval_every may grow, the grid folder may move; keys one side
-    lacks are ignored, so a field added to TrainConfig later does not invalidate old cells)."""
+    lacks are ignored, so a field added to TrainConfig later does not invalidate old cells, and so are
+    keys null here: "auto" values, e.g. optim.actor_lr, which the cell resolved when it started)."""
     saved_path = directory / "checkpoint" / "config.json"
     if not saved_path.exists():
         return
     saved = _flatten(json.loads(saved_path.read_text()))
     now = _flatten(to_dict(config))
     changed = {k: (saved[k], now[k]) for k in saved.keys() & now.keys()
-               if saved[k] != now[k] and k not in ("iterations", "eval_every", "out_dir")}
+               if saved[k] != now[k] and now[k] is not None and k not in ("iterations", "eval_every", "out_dir")}
     if changed:
         diff = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items()))
         raise ConfigError(f"{directory} was started with other settings ({diff}); use another out_dir or delete it")
@@ -322,27 +326,29 @@ def run_grid(grid: GridConfig, command: str | None = None, jobs: int = 1) -> lis
     for i, config in enumerate(todo, 1):
         where = f"[{i}/{len(todo)}] {Path(config.out_dir).relative_to(out / 'runs')}"
         if is_done(grid, Path(config.out_dir)):
-            print(f"{where}: done, skipped")
+            print(f"{where}: done, skipped", flush=True)
         else:
             pending.append((where, config))
     if jobs == 1:
         for where, config in pending:
             print(f"{where}: training", flush=True)
-            train_cell(config)
+            train_cell(config, progress_tag=f"capo bench {Path(config.out_dir).relative_to(out / 'runs')}")
             write_results(grid, command)
     else:
         _run_parallel(grid, command, pending, jobs)
     return write_results(grid, command)
 
 
-def train_cell(config: TrainConfig, threads: int | None = None) -> None:
+def train_cell(config: TrainConfig, threads: int | None = None, progress_tag: str | None = None) -> None:
+    """Train (or resume) one cell; with ``progress_tag`` its phase and iteration lines are printed under that
+    tag (one cell at a time; parallel cells print only queued/finished)."""
     from .trainer import train
 
     if threads is not None:
         import torch
 
         torch.set_num_threads(threads)
-    train(config, resume=True, progress=False)
+    train(config, resume=True, progress=progress_tag is not None, tag=progress_tag or "capo train")
 
 
 def _run_parallel(grid: GridConfig, command: str | None, pending: list, jobs: int) -> None:
@@ -442,7 +448,7 @@ def describe(grid: GridConfig, command: str | None) -> str:
         shapes.append(f"{algo} ({T // g} tasks x {g} rollout{'s' if g > 1 else ''})")
     envs = []
     for env in env_specs(grid):  # the kwargs actually used: an id alone takes base's (or the default) env.kwargs
-        kwargs = json.dumps(cell_config(grid, env, grid.algos[0], grid.seeds[0]).env.kwargs, sort_keys=True)
+        kwargs = json.dumps(env_kwargs(cell_config(grid, env, grid.algos[0], grid.seeds[0]).env), sort_keys=True)
         envs.append(f"{env.id} {kwargs}" + (f" as {env.name}" if env.name != env.id else ""))
     return "\n".join([
         f"Grid: `{command}`" if command else "Grid: `run_grid` with the config in grid.json",

@@ -67,7 +67,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             print(f"[act] {action}\n[obs] {obs[:400]}{'...' if len(obs) > 400 else ''}")
             done = terminated or truncated
         metrics = info["metrics"]
-        successes += metrics.get("em", reward)
+        successes += metrics.get("success", metrics.get("em", reward))  # as rollout.py reads success
         print(f"reward={reward} terminated={terminated} truncated={truncated} metrics={metrics}")
     print(f"\nexpert success over {args.episodes} episodes: {successes / args.episodes:.2f}")
     env.close()
@@ -84,17 +84,21 @@ def _train_config(args: argparse.Namespace):
             overrides.append(f"{key}={value}")
     try:
         return load_config(args.config, overrides)
-    except (ConfigError, FileNotFoundError) as e:
+    except ConfigError as e:
         raise SystemExit(f"capo: {e}") from None
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from .config import ConfigError
     from .trainer import train
 
     config = _train_config(args)
     if args.sft_only:
         config.iterations = 0
-    summary = train(config, resume=args.resume)
+    try:
+        summary = train(config, resume=args.resume, tag=f"capo {args.command}")
+    except ConfigError as e:  # the env could not be built (checked before the model loads)
+        raise SystemExit(f"capo: {e}") from None
     print("\n| " + " | ".join(summary) + " |\n|" + "---|" * len(summary))
     print("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in summary.values()) + " |")
     print(f"\nlogs, checkpoint and learning curve in {config.out_dir}")
@@ -102,26 +106,33 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from .config import EnvConfig, TrainConfig
+    from .config import ConfigError, EnvConfig, TrainConfig
     from .models import load_checkpoint
+    from .progress import Progress
     from .trainer import evaluate, make_envs
 
-    config = TrainConfig(env=EnvConfig(id=args.env, kwargs=parse_key_values(args.env_kwargs)))
+    # No key=value: the env's defaults as `capo train` uses them (env.kwargs null).
+    config = TrainConfig(env=EnvConfig(id=args.env, kwargs=parse_key_values(args.env_kwargs) or None))
     config.env.eval_split = args.split
-    model = backend = None
-    if args.server:
-        from .backends.openai import OpenAIBackend
-        from .models import load_tokenizer
-
-        # prompts are token ids, so the client still needs the served model's tokenizer
-        checkpoint = _checkpoint_dir(args.checkpoint)
-        tokenizer = load_tokenizer(checkpoint / "actor" if (checkpoint / "actor").is_dir() else checkpoint)
-        backend = OpenAIBackend(args.server, args.served_model or args.checkpoint)
-    else:
-        model, tokenizer = load_checkpoint(_checkpoint_dir(args.checkpoint))
-    envs = make_envs(config, args.split, min(args.episodes, 16))
     try:
-        print(json.dumps(evaluate(model, tokenizer, config, envs, args.episodes, backend=backend), indent=2))
+        envs = make_envs(config, args.split, min(args.episodes, 16))
+    except ConfigError as e:  # before any checkpoint is loaded
+        raise SystemExit(f"capo: {e}") from None
+    model = backend = None
+    try:
+        if args.server:
+            from .backends.openai import OpenAIBackend
+            from .models import load_tokenizer
+
+            # prompts are token ids, so the client still needs the served model's tokenizer
+            checkpoint = _checkpoint_dir(args.checkpoint)
+            tokenizer = load_tokenizer(checkpoint / "actor" if (checkpoint / "actor").is_dir() else checkpoint)
+            backend = OpenAIBackend(args.server, args.served_model or args.checkpoint)
+        else:
+            model, tokenizer = load_checkpoint(_checkpoint_dir(args.checkpoint))
+        progress = Progress("capo eval", file=sys.stderr)  # stdout is the JSON result
+        print(json.dumps(evaluate(model, tokenizer, config, envs, args.episodes, backend=backend, progress=progress),
+                         indent=2))
     finally:
         for env in envs:
             env.close()
@@ -181,7 +192,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     flags = {"algos": args.algos, "envs": args.envs, "seeds": args.seeds, "out_dir": args.out}
     try:
         grid = load_grid(args.grid, args.overrides, {k: v for k, v in flags.items() if v is not None})
-    except (ConfigError, FileNotFoundError) as e:
+    except ConfigError as e:
         raise SystemExit(f"capo: {e}") from None
     given = [f"--{name} {shlex.quote(str(value))}" for name, value in vars(args).items()
              if name in ("grid", "algos", "envs", "seeds", "out") and value is not None]
@@ -218,11 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
         train = sub.add_parser(name, help=help_text)
         train.add_argument("--config", help="a YAML file of config keys (see capo_train/config.py)")
         train.add_argument("--algo", help="capo, ppo, grpo, rloo, reinforce_pp, gspo, gigpo, ...")
-        train.add_argument("--env", help="an env id, e.g. capo/SynthHop-v0")
+        train.add_argument("--env", help="an env id, e.g. capo/SynthHop-v0, or module:Id (imports module first)")
         train.add_argument("--model", help="a local Hugging Face model dir, or 'smollm2'")
         train.add_argument("--out", help="output folder (checkpoint, logs, plots)")
         train.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
-        train.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. rollout.tasks_per_batch=4")
+        train.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. rollout.episodes_per_batch=8")
         train.set_defaults(func=_cmd_train, sft_only=name == "sft")
 
     evaluate = sub.add_parser("eval", help="greedy evaluation of a checkpoint on an env's held-out split")
@@ -243,7 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", help="the name requests must give as model (default: --checkpoint)")
     serve.add_argument("--device", help="where the model runs (default: cuda when available, else cpu)")
-    serve.add_argument("--max-model-len", type=int, help="refuse requests needing more positions (default: no limit)")
+    serve.add_argument("--max-model-len", type=int, help="refuse requests needing more positions (prompt + max_tokens; "
+                       "default: the model config's max_position_embeddings, else 8192) and text prompts of more "
+                       "than 32 characters per position")
     serve.add_argument("--verbose", action="store_true", help="log every request to stderr")
     serve.set_defaults(func=_cmd_serve)
 

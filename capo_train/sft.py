@@ -19,7 +19,8 @@ import torch
 
 from .config import TrainConfig
 from .models import ActorCritic
-from .rollout import ChatFormat, start_episode, step_episode
+from .progress import SILENT, Progress, duration
+from .rollout import ChatFormat, env_tasks, episode_success, has_task_ids, start_episode, step_episode, success_key
 from .rows import RowBatch, Trajectory, build_rows, gather_actions, minibatches, select_rows
 
 
@@ -32,24 +33,26 @@ def expert_trajectories(
     window: int = 2,
     seed: int = 0,
     task_pool: Sequence[str] | None = None,
+    progress: Progress = SILENT,
 ) -> list[Trajectory]:
     """Run the env's expert for ``episodes`` episodes on distinct tasks (of ``task_pool``, default every
-    task of the env; repeated only when there are fewer tasks than episodes) and record them as trajectories.
+    task of the env, ``rollout.env_tasks``; repeated only when there are fewer tasks than episodes) and
+    record them as trajectories. The env needs ``expert_action()``.
 
     The expert's action text is tokenised (it was never sampled, so there is nothing to keep token-exact);
     each episode runs through the same start_episode/step_episode code as RL rollouts.
     """
     base = env.unwrapped
-    ids = list(base.task_ids() if task_pool is None else task_pool)
+    ids = env_tasks(env) if task_pool is None else task_pool
     rng = random.Random(seed)
     task_ids = rng.sample(ids, episodes) if episodes <= len(ids) else rng.choices(ids, k=episodes)
     fmt = ChatFormat(tokenizer)
     trajectories = []
-    for n, task_id in enumerate(task_ids):
+    for n, task_id in enumerate(progress.bar(task_ids, "expert episodes")):
         episode = start_episode(env, fmt, task_id, seed=seed + n, traj_id=n, group_id=n, state=state, window=window)
         going = True
         while going:
-            text = base.expert_action()
+            text = base.expert_action() if callable(getattr(base, "expert_action", None)) else None
             if text is None:
                 raise ValueError(f"{env.spec.id if env.spec else base} has no expert to clone")
             action_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -88,19 +91,21 @@ def lr_factor(step: int, total: int, warmup_frac: float, schedule: str) -> float
     return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
 
-def warm_start_tasks(config: TrainConfig, env: gym.Env) -> tuple[list[str] | None, list[str] | None]:
-    """``(warm-start task ids, RL task ids)``: with ``sft.tasks = N > 0`` the first N train tasks go to the
-    warm start and the rest to RL; ``(None, None)`` (every task for both) otherwise."""
+def warm_start_tasks(config: TrainConfig, env: gym.Env) -> tuple[Sequence | None, Sequence | None]:
+    """``(warm-start task ids, RL task ids)``: with ``sft.tasks = N > 0`` the first N train tasks (of
+    ``rollout.env_tasks``: task ids, or reset seeds) go to the warm start and the rest to RL;
+    ``(None, None)`` (every task for both) otherwise."""
     n = config.sft.tasks
     if n <= 0:
         return None, None
-    ids = [str(i) for i in env.unwrapped.task_ids()]
+    ids = [str(i) for i in env_tasks(env)] if has_task_ids(env) else env_tasks(env)
     if n >= len(ids):
         raise ValueError(f"sft.tasks={n} leaves no task for RL: the train split has {len(ids)} tasks")
     return ids[:n], ids[n:]
 
 
-def behaviour_clone(model: ActorCritic, tokenizer, config: TrainConfig, env: gym.Env) -> dict[str, float]:
+def behaviour_clone(model: ActorCritic, tokenizer, config: TrainConfig, env: gym.Env,
+                    progress: Progress = SILENT) -> dict[str, float]:
     """Clone ``config.sft.episodes`` expert episodes (on the ``sft.tasks`` first train tasks if set);
     returns what to log.
 
@@ -113,10 +118,11 @@ def behaviour_clone(model: ActorCritic, tokenizer, config: TrainConfig, env: gym
     """
     start = time.perf_counter()
     sft = config.sft
+    progress.say(f"warm start: behaviour-cloning {sft.episodes} expert episodes")
     layout = config.rollout.layout if config.rollout.state == "concat" else "per_action"
     trajectories = expert_trajectories(env, tokenizer, episodes=sft.episodes, state=config.rollout.state,
                                        window=config.rollout.window, seed=config.seed,
-                                       task_pool=warm_start_tasks(config, env)[0])
+                                       task_pool=warm_start_tasks(config, env)[0], progress=progress)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     device = next(model.parameters()).device
     batch = build_rows(trajectories, layout, pad_id).to(device)
@@ -126,6 +132,7 @@ def behaviour_clone(model: ActorCritic, tokenizer, config: TrainConfig, env: gym
     generator = torch.Generator().manual_seed(config.seed)
     losses, state_losses = [], []
     step = 0
+    bar = progress.bar(desc="warm-start step", total=total_steps)
     model.train()
     for _ in range(sft.epochs):
         for mb in sft_minibatches(batch, sft.minibatch_rows, generator, by_length=sft.length_buckets):
@@ -150,7 +157,11 @@ def behaviour_clone(model: ActorCritic, tokenizer, config: TrainConfig, env: gym
             torch.nn.utils.clip_grad_norm_(params, config.optim.grad_clip)
             optimizer.step()
             step += 1
-    expert_success = sum(t.metrics.get("em", t.metrics.get("success", 0.0)) for t in trajectories) / len(trajectories)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            bar.update(1)
+    bar.close()
+    key = success_key(trajectories)  # as rollout_stats scores RL episodes
+    expert_success = sum(episode_success(t, key) for t in trajectories) / len(trajectories)
     record = {
         "sft/episodes": float(len(trajectories)),
         "sft/actions": float(batch.num_actions),
@@ -162,4 +173,6 @@ def behaviour_clone(model: ActorCritic, tokenizer, config: TrainConfig, env: gym
     }
     if state_losses:
         record |= {"sft/state_loss_first": state_losses[0], "sft/state_loss_last": state_losses[-1]}
+    progress.say(f"warm start done: {step} steps, action NLL {losses[0]:.3f} -> {losses[-1]:.3f} "
+                 f"({duration(record['time/sft_s'])})")
     return record

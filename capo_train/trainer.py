@@ -2,7 +2,8 @@
 
 Read it top to bottom: ``train`` builds everything, then each ``iteration``
 
-1. collects ``tasks_per_batch x group_size`` episodes with the current policy (``rollout.collect``),
+1. collects ``rollout.episodes_per_batch`` episodes (``tasks x group_size``: ``config.batch_shape``) with the
+   current policy (``rollout.collect``),
 2. lays them out as rows (``rows.build_rows``: packed or one row per action),
 3. scores the rows without gradient (critic values at the action boundaries, reference log-probs when a
    KL term is on; the rollout's own log-probs serve as the old ones),
@@ -23,6 +24,7 @@ import contextlib
 import inspect
 import json
 import math
+import os
 import random
 import shutil
 import time
@@ -38,7 +40,7 @@ from .algorithms import ALGORITHMS, Algorithm, StepBatch, kl_loss, token_value_l
 from .algorithms.losses import action_log_ratio, entropy_loss
 from .backends.base import GenerationBackend
 from .backends.hf import HFBackend
-from .config import TrainConfig, to_dict
+from .config import ConfigError, TrainConfig, batch_shape, default_actor_lr, env_kwargs, env_spec, to_dict
 from .models import (
     ActorCritic,
     LoraSettings,
@@ -49,7 +51,8 @@ from .models import (
     reference_logp,
 )
 from .models import save_checkpoint as save_models
-from .rollout import collect, rollout_stats
+from .progress import SILENT, Progress, duration
+from .rollout import collect, env_tasks, has_task_ids, rollout_stats
 from .rows import RowBatch, Trajectory, build_rows, gather_actions, minibatches
 
 LENGTH_BUCKETS = (8, 16, 32, 64)  # action-length buckets (tokens) for the ratio-spread diagnostic
@@ -94,10 +97,6 @@ def accepted_by(algo: Algorithm, fn, overrides: dict) -> dict:
     return {k: v for k, v in overrides.items() if k in algo.defaults or k in params}
 
 
-def group_size(config: TrainConfig, settings: dict) -> int:
-    return config.rollout.group_size or int(settings.get("group_size", 1))
-
-
 def build_model(config: TrainConfig, algo: Algorithm) -> tuple[ActorCritic, Any]:
     lora = None
     if config.model.lora:
@@ -111,10 +110,35 @@ def build_model(config: TrainConfig, algo: Algorithm) -> tuple[ActorCritic, Any]
     )
 
 
-def make_envs(config: TrainConfig, split: str, count: int) -> list[gym.Env]:
-    import capo_envs  # noqa: F401  (registers the ids)
+def takes_split(env_id: str) -> bool:
+    """Whether the env has a ``split`` (its constructor names the parameter, or its registration sets it)."""
+    spec = env_spec(env_id)
+    if "split" in (spec.kwargs or {}):
+        return True
+    creator = spec.entry_point
+    try:
+        if isinstance(creator, str):
+            creator = gym.envs.registration.load_env_creator(creator)
+        return "split" in inspect.signature(creator).parameters
+    except (ImportError, AttributeError, TypeError, ValueError):  # gym.make will say what is wrong
+        return False
 
-    return [gym.make(config.env.id, split=split, **config.env.kwargs) for _ in range(count)]
+
+def make_envs(config: TrainConfig, split: str, count: int) -> list[gym.Env]:
+    """``count`` copies of the configured env on ``split`` (passed only to envs that have a split: README,
+    the environment contract). Any failure to build one is a ConfigError that names the id and kwargs."""
+    kwargs = env_kwargs(config.env)
+    if takes_split(config.env.id):
+        kwargs["split"] = split
+    envs: list[gym.Env] = []
+    try:
+        for _ in range(count):
+            envs.append(gym.make(config.env.id, **kwargs))
+    except Exception as e:  # noqa: BLE001  (a wrong kwarg, missing data, an env bug: all stop the run here)
+        for env in envs:
+            env.close()
+        raise ConfigError(f"cannot make env {config.env.id!r} with kwargs {kwargs}: {type(e).__name__}: {e}") from e
+    return envs
 
 
 def iteration_seed(seed: int, iteration: int, salt: int = 0) -> int:
@@ -245,6 +269,8 @@ def compute_targets(
 
 
 def _optimizers(model: ActorCritic, config: TrainConfig) -> dict[str, torch.optim.Optimizer]:
+    if config.optim.actor_lr is None:  # auto, by model kind; written into the config, so the checkpoint keeps it
+        config.optim.actor_lr = default_actor_lr(model.uses_lora, sum(p.numel() for p in model.actor.parameters()))
     opts = {
         "actor": torch.optim.AdamW(
             list(model.actor_parameters()), lr=config.optim.actor_lr, weight_decay=config.optim.weight_decay
@@ -402,12 +428,15 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
 
 def evaluate(
     model: ActorCritic | None, tokenizer, config: TrainConfig, envs: list[gym.Env], episodes: int, accelerator=None,
-    backend: GenerationBackend | None = None,
+    backend: GenerationBackend | None = None, progress: Progress = SILENT,
 ) -> dict[str, float]:
-    """Greedy decoding on the first ``episodes`` tasks of the held-out split (the same tasks every time),
-    shared out among the processes. ``backend`` generates instead of ``model`` (e.g. an ``OpenAIBackend``
-    in front of a server; ``model`` may then be None)."""
-    task_ids = list(envs[0].unwrapped.task_ids())[:episodes]
+    """Greedy decoding on the first ``episodes`` tasks of the held-out split (the same tasks every time;
+    for an env without ``task_ids()`` the held-out reset seeds, ``rollout.env_tasks``), shared out among the
+    processes. ``backend`` generates instead of ``model`` (e.g. an ``OpenAIBackend`` in front of a server;
+    ``model`` may then be None)."""
+    task_ids = list(env_tasks(envs[0], held_out=True)[:episodes]) if envs else []
+    start = time.perf_counter()
+    progress.say(f"held-out evaluation: {len(task_ids)} episodes")
     if accelerator is not None:
         task_ids = task_ids[accelerator.process_index :: accelerator.num_processes]
     trajectories = []
@@ -421,7 +450,10 @@ def evaluate(
                 state=config.rollout.state, window=config.rollout.window, greedy=True, seed=config.seed,
             )
     trajectories = gather_trajectories(trajectories, accelerator)
-    return {f"eval/{k}": v for k, v in rollout_stats(trajectories).items()}
+    stats = rollout_stats(trajectories)
+    progress.say(f"held-out success {stats.get('success', math.nan):.2f} ({len(trajectories)} episodes, "
+                 f"{duration(time.perf_counter() - start)})")
+    return {f"eval/{k}": v for k, v in stats.items()}
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -467,10 +499,17 @@ def restore(out_dir: Path, config: TrainConfig) -> tuple[ActorCritic, Any, dict,
 
 
 class Logger:
-    """JSONL always; TensorBoard and wandb when installed and asked for."""
+    """JSONL always; TensorBoard and wandb when installed and asked for.
 
-    def __init__(self, out_dir: Path, config: TrainConfig):
+    ``log.jsonl`` starts as ``history``, the records of the checkpoint the run continues from (none for a
+    new run): a kill after an iteration was logged but before its checkpoint was written would otherwise
+    leave that iteration in the log twice once the resumed run repeats it."""
+
+    def __init__(self, out_dir: Path, config: TrainConfig, history: list[dict] = ()):
         self.path = out_dir / "log.jsonl"
+        tmp = out_dir / ".log.jsonl.tmp"
+        tmp.write_text("".join(json.dumps(record) + "\n" for record in history))
+        os.replace(tmp, self.path)  # atomic: a kill now leaves the old log or the trimmed one
         self.tb = self.wandb = None
         if config.log_tensorboard:
             try:
@@ -526,9 +565,9 @@ def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, flo
     rank = accelerator.process_index if accelerator is not None else 0
     start = time.perf_counter()
     backend = HFBackend(model.actor, tokenizer, batch_size=len(envs))
+    tasks, group = batch_shape(config)
     trajectories = collect(
-        envs, backend, tokenizer,
-        tasks_per_batch=config.rollout.tasks_per_batch, group_size=group_size(config, run.settings),
+        envs, backend, tokenizer, tasks_per_batch=tasks, group_size=group,
         max_action_tokens=config.rollout.max_action_tokens, max_prompt_tokens=config.rollout.max_prompt_tokens,
         state=config.rollout.state, window=config.rollout.window, temperature=config.rollout.temperature,
         seed=iteration_seed(config.seed, iteration, salt=104_729 * rank),  # each process its own tasks
@@ -565,39 +604,48 @@ def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, flo
     return record
 
 
-def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=None, progress: bool = True) -> dict:
-    """Warm start (if configured), then ``config.iterations`` RL iterations; returns the summary."""
-    from tqdm.auto import tqdm
+def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=None, progress: bool = True,
+          tag: str = "capo train") -> dict:
+    """Warm start (if configured), then ``config.iterations`` RL iterations; returns the summary.
 
+    ``progress``: phase and iteration lines on stdout, ``[tag] ...`` (tqdm bars on a terminal)."""
     from .sft import behaviour_clone, warm_start_tasks
 
     torch.manual_seed(config.seed)
     random.seed(config.seed)
     accelerator = make_accelerator(config)
     main = accelerator.is_main_process
+    report = Progress(tag, enabled=progress and main)
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    report.say(f"{config.algo} on {config.env.id}, {config.iterations} iterations, run folder {out_dir}")
     algo, settings = algorithm_settings(config)
+    # The envs first: a bad env id or kwargs fails here, in seconds, not after the model has loaded.
+    train_envs = make_envs(config, config.env.train_split, math.prod(batch_shape(config)))
+    eval_envs = make_envs(config, config.env.eval_split, min(config.eval_episodes, 16))
+    task_pool = warm_start_tasks(config, train_envs[0])[1]
+    if not takes_split(config.env.id) and has_task_ids(train_envs[0]) and eval_envs and main:
+        warnings.warn(f"{config.env.id} takes no split: the held-out tasks are also training tasks", stacklevel=2)
+    auto_lr = config.optim.actor_lr is None
     if resume and (out_dir / CHECKPOINT).is_dir():
         model, tokenizer, optimizers, state = restore(out_dir, config)
+        report.say(f"resuming from the checkpoint after iteration {state.iteration}")
     else:
+        report.say(f"loading the model {config.model.path}" if model is None else "model given")
         if model is None:
             model, tokenizer = build_model(config, algo)
         optimizers, state = _optimizers(model, config), RunState()
-        if main:
-            (out_dir / "log.jsonl").unlink(missing_ok=True)
     model.to(accelerator.device)
     trainable, *prepared = accelerator.prepare(model, *optimizers.values())
     optimizers = dict(zip(optimizers, prepared))
     reference = None
     if settings.get("kl_coef", 0.0) > 0 and not model.uses_lora:
         reference = load_reference(model.meta["base"], dtype=getattr(torch, config.model.dtype)).to(accelerator.device)
-    run = Run(config, model, tokenizer, optimizers, algo, settings, reference, accelerator, trainable)
-    logger = Logger(out_dir, config) if main else None
-    n_envs = config.rollout.tasks_per_batch * group_size(config, settings)
-    train_envs = make_envs(config, config.env.train_split, n_envs)
-    eval_envs = make_envs(config, config.env.eval_split, min(config.eval_episodes, 16))
-    run.task_pool = warm_start_tasks(config, train_envs[0])[1]
+    run = Run(config, model, tokenizer, optimizers, algo, settings, reference, accelerator, trainable, task_pool)
+    logger = Logger(out_dir, config, state.history) if main else None
+    if auto_lr:
+        kind = "LoRA" if model.uses_lora else "full fine-tune"
+        report.say(f"optim.actor_lr {config.optim.actor_lr:g} (auto, for a {kind} of this model; set it to override)")
 
     def checkpoint() -> None:
         if main:
@@ -609,33 +657,43 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
         if logger is not None:
             logger.log(record)
 
+    def held_out() -> dict:
+        return evaluate(model, tokenizer, config, eval_envs, config.eval_episodes, accelerator,
+                        progress=report) if eval_envs else {}
+
     try:
-        if not state.sft_done:
-            if config.sft.episodes > 0:
-                record = behaviour_clone(model, tokenizer, config, train_envs[0])
-                record |= evaluate(model, tokenizer, config, eval_envs, config.eval_episodes, accelerator)
+        if not state.sft_done:  # iteration 0: the warm start (if any), then the held-out figure RL starts from
+            record = {}
+            if config.sft.episodes > 0 and callable(getattr(train_envs[0].unwrapped, "expert_action", None)):
+                record = behaviour_clone(model, tokenizer, config, train_envs[0], progress=report)
+            elif config.sft.episodes > 0 and main:
+                warnings.warn(f"{config.env.id} has no expert_action(): no warm start", RuntimeWarning, stacklevel=2)
+            if record or config.eval_every:
+                record |= held_out()
+            if record:
                 record["iteration"] = 0
                 log(record)
-                if main:
-                    print(f"after warm start: held-out success {record.get('eval/success', float('nan')):.3f}")
+                if main and "eval/success" in record:
+                    when = "after warm start" if "sft/episodes" in record else "before RL"
+                    print(f"{when}: held-out success {record['eval/success']:.3f}")
             state.sft_done = True
             checkpoint()
-        bar = tqdm(range(state.iteration, config.iterations), initial=state.iteration, total=config.iterations,
-                   desc=config.algo, disable=not (progress and main))
+        bar = report.bar(range(state.iteration, config.iterations), "iteration", config.iterations,
+                         initial=state.iteration, every_s=0)  # off a terminal: a line per iteration
         for iteration in bar:
             record = rl_iteration(run, iteration, train_envs)
             last = iteration + 1 == config.iterations
             if config.eval_every and ((iteration + 1) % config.eval_every == 0 or last):
-                record |= evaluate(model, tokenizer, config, eval_envs, config.eval_episodes, accelerator)
+                record |= held_out()
             state.iteration = iteration + 1
             log(record)
             checkpoint()
-            bar.set_postfix(
-                reward=f"{record.get('rollout/reward_mean', 0):.2f}",
-                success=f"{record.get('rollout/success', 0):.2f}",
-                invalid=f"{record.get('rollout/invalid_action_rate', 0):.2f}",
-                tok_s=f"{record.get('throughput/rollout_tokens_per_s', 0):.0f}",
-            )
+            bar.set_postfix({
+                "success": f"{record.get('rollout/success', 0):.2f}",
+                "reward": f"{record.get('rollout/reward_mean', 0):.2f}",
+                "invalid": f"{record.get('rollout/invalid_action_rate', 0):.2f}",
+                "tok/s": f"{record.get('throughput/rollout_tokens_per_s', 0):.0f}",
+            })
     finally:
         if logger is not None:
             logger.close()

@@ -19,12 +19,13 @@ import logging
 import os
 import platform
 import shutil
+import sys
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from tqdm import tqdm
+from capo_train.progress import progress_bar
 
 from capo_envs.core.paths import DataNotPreparedError, is_prepared
 from capo_envs.core.paths import data_dir as default_data_dir
@@ -77,7 +78,7 @@ def prepare(
     build.mkdir()
     cache = root / ".downloads" / name
     try:
-        sources = [_fetch(remote, cache, base_url, progress) for remote in SOURCES[name]]
+        sources = [_fetch(remote, cache, base_url, progress, force) for remote in SOURCES[name]]
         counts = _build_contents(name, [path for _, path in sources], build, progress)
         for kind in retrievers:
             log.info("%s: building the %s index", name, kind)
@@ -95,10 +96,12 @@ def prepare(
 # --- steps ------------------------------------------------------------------------------------------
 
 
-def _fetch(remote: Remote, cache: Path, base_url: str | None, progress: bool) -> tuple[dict, Path]:
+def _fetch(remote: Remote, cache: Path, base_url: str | None, progress: bool, force: bool) -> tuple[dict, Path]:
+    """``force`` fetches again even a complete earlier download (``capo data prepare --force``)."""
     url = mirrored(remote.url, base_url)
     log.info("downloading %s", url)
-    path = download(url, cache / remote.filename, sha256=remote.sha256, size=remote.size, progress=progress)
+    path = download(url, cache / remote.filename, sha256=remote.sha256, size=remote.size, progress=progress,
+                    force=force)
     record = {
         "url": url,
         "upstream_url": remote.url,
@@ -116,7 +119,7 @@ def _build_contents(name: str, downloads: list[Path], build: Path, progress: boo
     raw.mkdir()
     if name == "wiki18":
         (gz,) = downloads
-        passages = tqdm(read_corpus(gz), desc="wiki18 corpus", unit=" passages", disable=not progress)
+        passages = _bar(read_corpus(gz), "wiki18 corpus", progress)
         return {"passages": write_corpus(passages, build / CORPUS)}
     for remote, path in zip(SOURCES[name], downloads):
         if remote.archive:
@@ -128,7 +131,7 @@ def _build_contents(name: str, downloads: list[Path], build: Path, progress: boo
     for split in SPLITS:
         counts[split] = len(spec.load(raw / spec.files[split]))  # parse now: a bad file fails here
     files = [raw / spec.files[split] for split in SPLITS]
-    passages = tqdm(passages_from_files(name, files), desc=f"{name} corpus", unit=" passages", disable=not progress)
+    passages = _bar(passages_from_files(name, files), f"{name} corpus", progress)
     counts["passages"] = write_corpus(passages, build / CORPUS)
     return counts
 
@@ -158,6 +161,11 @@ def _link_or_copy(src: Path, dest: Path) -> None:
         os.link(src, dest)
     except OSError:
         shutil.copy2(src, dest)
+
+
+def _bar(passages: Iterable, desc: str, progress: bool) -> Iterable:
+    """A tqdm bar on a terminal, else a line every 30 s, on stderr beside the log messages."""
+    return progress_bar(passages, desc, unit=" passages", tag="capo data", file=sys.stderr, disable=not progress)
 
 
 def _build_index(kind: str, corpus: Path, index_dir: Path, progress: bool) -> None:

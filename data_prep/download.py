@@ -1,7 +1,11 @@
 """Resumable, verified HTTP downloads with urllib only (no ``requests`` dependency).
 
 A download streams into ``<dest>.part``, resumes it with a Range request after a dropped connection,
-checks size and sha256, and only then renames it to ``dest``: a file at ``dest`` is always complete.
+checks size and sha256, and only then renames it to ``dest``. Without a pinned size or sha256 the file is
+known to be complete only when the server said how long it is (Content-Length, Content-Range) or, when it
+did not, answers a Range request from the last byte with 416; such a download is recorded in
+``<dest>.complete``. A cached ``dest`` is reused only when its pins match or that record does: anything
+else (a truncated download cached by an older version, one no server could vouch for) is fetched again.
 Google Drive's "can't scan this file for viruses" page is answered like a browser would.
 """
 
@@ -9,8 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import json
+import logging
 import os
 import re
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -18,7 +25,9 @@ import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
 
-from tqdm import tqdm
+from capo_train.progress import progress_bar
+
+log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
 RETRY_BACKOFF_S = 0.5  # doubled after each failed try
@@ -125,12 +134,15 @@ def _open_file(url: str, start: int, timeout: float) -> http.client.HTTPResponse
     return response
 
 
-def _fetch_once(url: str, part: Path, timeout: float, progress: bool, desc: str) -> None:
-    """Append the missing bytes to ``part``; raises _Retryable when the connection drops early."""
+def _fetch_once(url: str, part: Path, timeout: float, progress: bool, desc: str) -> bool:
+    """Append the missing bytes to ``part``; raises _Retryable when the connection drops early.
+
+    Returns whether the server vouched for the length: it announced one and ``part`` has it, or it
+    answered 416 to a Range request from the end of ``part``."""
     start = part.stat().st_size if part.exists() else 0
     response = _open_file(url, start, timeout)
     if response is None:
-        return
+        return True
     with response:
         if response.status == 206:
             match = re.match(r"bytes (\d+)-\d+/(\d+|\*)", response.headers.get("Content-Range", ""))
@@ -143,9 +155,8 @@ def _fetch_once(url: str, part: Path, timeout: float, progress: bool, desc: str)
             length = response.headers.get("Content-Length")
             total = int(length) if length is not None else None
         written = start
-        with open(part, mode) as out, tqdm(
-            total=total, initial=start, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, disable=not progress
-        ) as bar:
+        with open(part, mode) as out, progress_bar(desc=desc, total=total, initial=start, unit="B", tag="capo data",
+                                                   file=sys.stderr, disable=not progress) as bar:
             try:
                 for chunk in iter(lambda: response.read(CHUNK), b""):
                     out.write(chunk)
@@ -155,6 +166,23 @@ def _fetch_once(url: str, part: Path, timeout: float, progress: bool, desc: str)
                 raise _Retryable(f"{url}: connection lost after {written} bytes ({e})") from None
         if total is not None and written < total:
             raise _Retryable(f"{url}: connection closed after {written} of {total} bytes")
+    return total is not None or _confirm_end(url, written, timeout)
+
+
+def _confirm_end(url: str, size: int, timeout: float) -> bool:
+    """After a body without a length, which ends the same way whether it is complete or the connection
+    dropped: ask for the bytes after ``size``. 416 says there are none; 206 that there are (resume);
+    a 200 with a Content-Length tells the whole length; anything else leaves it unknown."""
+    if size == 0:
+        return False
+    response = _open_file(url, size, timeout)
+    if response is None:
+        return True
+    with response:
+        length = response.headers.get("Content-Length")
+        if response.status == 206 or (response.status == 200 and length is not None and int(length) > size):
+            raise _Retryable(f"{url}: the connection closed after {size} bytes but the server has more")
+        return response.status == 200 and length is not None and int(length) == size
 
 
 def _verify(part: Path, url: str, sha256: str | None, size: int | None) -> None:
@@ -169,6 +197,35 @@ def _verify(part: Path, url: str, sha256: str | None, size: int | None) -> None:
         raise ChecksumError(f"{url}: downloaded file has {problem}; deleted it. The source changed or the mirror is wrong.")
 
 
+def _record_path(dest: Path) -> Path:
+    return dest.with_name(dest.name + ".complete")
+
+
+def _cached(dest: Path, sha256: str | None, size: int | None) -> bool:
+    """Whether ``dest`` is a complete earlier download: its pins match, or (without pins) its
+    ``.complete`` record names its size. Anything else is deleted, to be fetched again."""
+    record = _record_path(dest)
+    if not dest.exists():
+        record.unlink(missing_ok=True)
+        return False
+    if sha256 is not None or size is not None:
+        try:
+            _verify(dest, str(dest), sha256, size)
+            return True
+        except ChecksumError:  # a stale or damaged earlier download: _verify removed it
+            record.unlink(missing_ok=True)
+            return False
+    try:
+        complete = json.loads(record.read_text())["bytes"] == dest.stat().st_size
+    except (OSError, ValueError, KeyError, TypeError):
+        complete = False
+    if not complete:
+        log.info("%s: no record that this earlier download is complete; fetching it again", dest)
+        dest.unlink()
+        record.unlink(missing_ok=True)
+    return complete
+
+
 def download(
     url: str,
     dest: str | Path,
@@ -178,26 +235,28 @@ def download(
     progress: bool = True,
     retries: int = 3,
     timeout: float = 60,
+    force: bool = False,
 ) -> Path:
-    """Download ``url`` to ``dest`` and return ``dest``; an existing, matching ``dest`` is kept as is.
+    """Download ``url`` to ``dest`` and return ``dest``; a complete earlier ``dest`` is kept unless ``force``.
 
     Network failures are retried ``retries`` times, each resuming the ``.part`` file; a checksum or
     size mismatch deletes the ``.part`` and raises :class:`ChecksumError` (no retry: it would repeat).
+    A download nothing vouches for (no pins, and a server that gives no length and ignores Range) is
+    returned but not recorded as complete, so the next call fetches it again.
     """
     dest = Path(dest)
-    if dest.exists():
-        try:
-            _verify(dest, str(dest), sha256, size)
-            return dest
-        except ChecksumError:
-            pass  # a stale or damaged earlier download: _verify removed it, so fetch again
-    dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_suffix(dest.suffix + ".part")
+    if force:
+        for stale in (dest, _record_path(dest), part):
+            stale.unlink(missing_ok=True)
+    if _cached(dest, sha256, size):
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
     if size is not None and part.exists() and part.stat().st_size > size:
         part.unlink()
     for attempt in range(retries + 1):
         try:
-            _fetch_once(url, part, timeout, progress, dest.name)
+            vouched = _fetch_once(url, part, timeout, progress, dest.name)
             break
         except (_Retryable, urllib.error.URLError, TimeoutError, ConnectionError) as e:
             if attempt == retries:
@@ -206,4 +265,11 @@ def download(
             time.sleep(RETRY_BACKOFF_S * 2**attempt)
     _verify(part, url, sha256, size)
     os.replace(part, dest)
+    if vouched or sha256 is not None or size is not None:
+        tmp = dest.with_name(dest.name + ".complete.tmp")
+        tmp.write_text(json.dumps({"url": url, "bytes": dest.stat().st_size}))
+        os.replace(tmp, _record_path(dest))
+    else:
+        log.warning("%s: the server gave no length and ignores Range requests, so nothing shows the download is "
+                    "complete; it will be fetched again next time", url)
     return dest

@@ -178,6 +178,7 @@ class Served:
     content_type: str = "application/octet-stream"
     drop_after: int | None = None  # send this many bytes, then close (once)
     ignore_range: bool = False  # answer 200 with the whole file even to a Range request
+    no_length: bool = False  # no Content-Length: the body ends when the connection closes, complete or not
 
 
 @dataclass
@@ -251,28 +252,32 @@ def _handler(server: FileServer) -> type[BaseHTTPRequestHandler]:
                     return self._send(416, b"", "text/plain", {"Content-Range": f"bytes */{len(data)}"})
             body = data[start:]
             extra = {"Accept-Ranges": "bytes"}
+            if served.no_length:
+                self.close_connection = True
             if start:
                 extra["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
             if served.drop_after is not None:
                 cut, served.drop_after = served.drop_after, None
                 self.send_response(206 if start else 200)
-                self._headers(served.content_type, len(body), extra)
+                self._headers(served.content_type, None if served.no_length else len(body), extra)
                 self.wfile.write(body[:cut])
                 self.wfile.flush()
                 self.close_connection = True
                 return
-            self._send(206 if start else 200, body, served.content_type, extra)
+            self._send(206 if start else 200, body, served.content_type, extra, length=not served.no_length)
 
-        def _headers(self, content_type: str, length: int, extra: dict) -> None:
+        def _headers(self, content_type: str, length: int | None, extra: dict) -> None:
             self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(length))
+            if length is not None:
+                self.send_header("Content-Length", str(length))
             for k, v in extra.items():
                 self.send_header(k, v)
             self.end_headers()
 
-        def _send(self, code: int, body: bytes, content_type: str, extra: dict | None = None) -> None:
+        def _send(self, code: int, body: bytes, content_type: str, extra: dict | None = None,
+                  length: bool = True) -> None:
             self.send_response(code)
-            self._headers(content_type, len(body), extra or {})
+            self._headers(content_type, len(body) if length else None, extra or {})
             self.wfile.write(body)
 
     return Handler

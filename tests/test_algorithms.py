@@ -367,6 +367,44 @@ def test_value_losses_hand_worked():
     close(loss, 1.15625)
 
 
+
+def _verl_value_loss(values, old_values, returns, cliprange=0.5):
+    """verl's compute_value_loss on one row per value: clip_by_value, then max of the two errors."""
+    v_clipped = torch.max(torch.min(values, old_values + cliprange), old_values - cliprange)
+    err, err_clipped = (values - returns) ** 2, (v_clipped - returns) ** 2
+    return 0.5 * torch.max(err, err_clipped).mean(), torch.gt(err_clipped, err).float().mean()
+
+
+def test_value_clipfrac_counts_only_entries_the_clip_moved():
+    # row 0: V_old .1, V -.3, R 0: |V - V_old| = .4 < .5, so nothing is clipped; but .1 + (-.3 - .1) is
+    #   -0.30000000000000004, one ulp further from R than V, and a clip fraction computed from that sum
+    #   counted the row. row 1: V 1, V_old 0, R 1: really clipped. rows 2-9: V = V_old, R one above.
+    V = t(-0.3, 1, *[2] * 8).requires_grad_(True)
+    V_old, R = t(0.1, 0, *[2] * 8), t(0.0, 1, *[3] * 8)
+    assert 0.1 + (-0.3 - 0.1) != -0.3  # the rounding this test is about
+    loss, diag = value_loss(V, V_old, R)
+    ref_loss, ref_clipfrac = _verl_value_loss(V, V_old, R)
+    close(diag["vf_clipfrac"], 0.1)
+    close(diag["vf_clipfrac"], ref_clipfrac)
+    close(loss, ref_loss, tol=1e-12)
+    grad, = torch.autograd.grad(loss, V)
+    ref_grad, = torch.autograd.grad(ref_loss, V)
+    close(grad, ref_grad, tol=1e-12)
+    # the same ten values as per-token values [2, 5] (token mean per row over the full mask = plain mean)
+    loss, diag = token_value_loss(V.reshape(2, 5), V_old.reshape(2, 5), R.reshape(2, 5), torch.ones(2, 5))
+    close(diag["vf_clipfrac"], 0.1)
+    close(loss, ref_loss, tol=1e-12)
+    # float32, random values of both signs near 0 (where V_old + (V - V_old) rounds): agrees with verl
+    g = torch.Generator().manual_seed(0)
+    V_old = 0.2 * torch.rand(4000, generator=g, dtype=torch.float32)
+    V = V_old + 0.6 * torch.rand(4000, generator=g, dtype=torch.float32) - 0.4
+    R = torch.randn(4000, generator=g, dtype=torch.float32)
+    _, ref_clipfrac = _verl_value_loss(V, V_old, R)
+    assert value_loss(V, V_old, R)[1]["vf_clipfrac"].item() == ref_clipfrac.item()
+    mask = torch.ones(40, 100)
+    assert token_value_loss(V.view(40, 100), V_old.view(40, 100), R.view(40, 100), mask)[1]["vf_clipfrac"].item() \
+        == ref_clipfrac.item()
+
 def test_kl_hand_worked():
     # r = ref - logp = ln 2: k3 = 2 - ln 2 - 1 = .306853 ; k1 = logp - ref = -ln 2 ; k2 = .5 ln^2 2
     logp, ref = torch.tensor(0.0), torch.tensor(math.log(2))

@@ -153,7 +153,9 @@ def test_parallel_jobs_train_the_missing_cells_like_a_serial_run(bench, tmp_path
         serial = read_log(cell_dir(grid, env, algo, seed) / "log.jsonl")
         again = read_log(Path(parallel) / "runs" / "synth-tiny" / algo / f"seed-{seed}" / "log.jsonl")
         assert len(serial) == len(again)
-        for a, b in zip(serial, again):
+        assert [r["iteration"] for r in serial] == [0, 1]  # held-out before RL (no warm start), then RL
+        assert serial[0]["eval/success"] == again[0]["eval/success"]
+        for a, b in zip(serial[1:], again[1:]):
             for key in ("rollout/episodes", "rollout/success", "rollout/tokens_generated", "eval/success"):
                 assert a[key] == b[key], (algo, seed, key)
             assert b["actor/entropy"] == pytest.approx(a["actor/entropy"], rel=1e-4)  # thread-count rounding only
@@ -163,7 +165,7 @@ def test_a_finished_grid_rerun_with_other_settings_is_refused(bench):
     _, out, _ = bench
     changed = load_grid(out / "grid.json", ["base.optim.actor_lr=3e-4"])
     before = (out / "grid.json").read_text()
-    was = TrainConfig().optim.actor_lr
+    was = 0.001  # optim.actor_lr is auto (null): the cells recorded the value used, a tiny model's full fine-tune
     with pytest.raises(ConfigError, match=rf"started with other settings \(optim.actor_lr: {was} -> 0.0003\)"):
         run_grid(changed)
     assert (out / "grid.json").read_text() == before  # refused before anything was written

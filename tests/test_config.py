@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from capo_train.config import ConfigError, TrainConfig, load_config, parse_overrides
@@ -52,3 +54,117 @@ def test_algo_overrides_another_algorithm_uses_are_dropped_typos_are_errors():
     assert "whiten_std_floor" not in settings  # GRPO does not whiten over the batch
     with pytest.raises(ValueError, match="gammma"):
         algorithm_settings(load_config(None, ["algo=capo", "algo_overrides={gammma: 0.9}"]))
+
+
+# Each of these used to load (and then run, or fail with a raw traceback later).
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["optim.actor_lr=-1"], "optim.actor_lr must be a finite number > 0, or null, got -1.0"),
+        (["optim.actor_lr=nan"], "optim.actor_lr must be a finite number > 0"),
+        (["optim.critic_lr=.inf"], "optim.critic_lr must be a finite number > 0, got inf"),
+        (["optim.weight_decay=-0.1"], "optim.weight_decay must be a finite number >= 0"),
+        (["optim.grad_clip=0"], "optim.grad_clip must be a finite number > 0"),
+        (["optim.ppo_epochs=0"], "optim.ppo_epochs must be >= 1"),
+        (["model.dtype=foo"], "model.dtype must be one of 'float32', 'bfloat16', 'float16', got 'foo'"),
+        (["model.lora_r=0"], "model.lora_r must be >= 1"),
+        (["model.lora_last_layers=-1"], "model.lora_last_layers must be >= 0"),
+        (["model.path="], "model.path must be a non-empty string"),
+        (["rollout.group_size=-2"], "rollout.group_size must be >= 0 (an integer), got -2"),
+        (["rollout.episodes_per_batch=0"], "rollout.episodes_per_batch must be >= 1"),
+        (["rollout.window=-1"], "rollout.window must be >= 0"),
+        (["rollout.max_prompt_tokens=0"], "rollout.max_prompt_tokens must be >= 1"),
+        (["rollout.temperature=0"], "rollout.temperature must be a finite number > 0"),
+        (["eval_episodes=-1"], "eval_episodes must be >= 0"),
+        (["eval_every=-3"], "eval_every must be >= 0"),
+        (["sft.epochs=0"], "sft.epochs must be >= 1"),
+        (["sft.lr=-1e-3"], "sft.lr must be a finite number > 0"),
+        (["sft.warmup_frac=1.5"], "sft.warmup_frac must be a number in [0, 1]"),
+        (["sft.lr_schedule=linear"], "sft.lr_schedule must be one of 'constant', 'cosine'"),
+        (["algo_overrides={kl_coef: -1}"], "algo_overrides.kl_coef must be a finite number >= 0, got -1"),
+        (["algo_overrides={gamma: 1.5}"], "algo_overrides.gamma must be a number in [0, 1]"),
+        (["algo_overrides={lam: -0.1}"], "algo_overrides.lam must be a number in [0, 1]"),
+        (["algo_overrides={clip_low: 0}"], "algo_overrides.clip_low must be a finite number > 0"),
+        (["algo_overrides={dual_clip: 0.5}"], "algo_overrides.dual_clip must be a finite number > 1, or null"),
+        (["algo_overrides={kl_type: k9}"], "algo_overrides.kl_type must be one of 'k1'"),
+        (["algo_overrides={group_size: 0}"], "algo_overrides.group_size must be >= 1"),
+        (["algo_overrides={whiten_std_floor: fast}"], "algo_overrides.whiten_std_floor must be a finite number >= 0"),
+        (["algo_overrides={kl_in_reward: 1}"], "algo_overrides.kl_in_reward must be true or false"),
+        (["algo_overrides={gammma: 0.9}"], "unknown algo_overrides key 'gammma'; did you mean 'gamma'"),
+        (["algo=grpo", "rollout.episodes_per_batch=12"],
+         "episodes_per_batch (12) must be a multiple of the group size (8"),
+        (["env.kwargs={split: dev}"], "env.kwargs must not set split"),
+        (["env.kwargs=[1, 2]"], "env.kwargs expects dict"),
+        (["env.kwargs={size: tiny"], "env.kwargs: cannot read '{size: tiny' as YAML"),
+    ],
+)
+def test_every_value_is_range_checked_when_loaded(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, overrides)
+
+
+def test_malformed_yaml_names_the_file_and_line(tmp_path):
+    from capo_train.cli import main
+
+    path = tmp_path / "run.yaml"
+    path.write_text("algo: grpo\nrollout:\n  tasks_per_batch: [4\noptim: {}\n")
+    with pytest.raises(ConfigError, match=rf"{path} is not valid YAML: line \d+, column \d+"):
+        load_config(path)
+    with pytest.raises(SystemExit, match=rf"^capo: {path} is not valid YAML: line \d+"):  # no traceback
+        main(["train", "--config", str(path)])
+    with pytest.raises(SystemExit, match=rf"^capo: cannot read {tmp_path / 'missing.yaml'}"):
+        main(["train", "--config", str(tmp_path / "missing.yaml")])
+
+
+def test_every_config_value_and_algorithm_setting_has_a_range():
+    """The rule tables cover every field (bar the ones with their own checks) and every hyperparameter an
+    algorithm takes, and every registry default is inside its range."""
+    import dataclasses
+    import inspect
+
+    from capo_train.algorithms import ALGORITHMS
+    from capo_train.config import ALGO_SETTING_RULES, CONFIG_RULES
+
+    def leaves(obj, prefix=""):
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):
+                yield from leaves(value, f"{prefix}{f.name}.")
+            elif not isinstance(value, bool):
+                yield prefix + f.name
+
+    own_checks = {"algo", "algo_overrides", "env.id", "env.kwargs"}
+    assert set(leaves(TrainConfig())) - own_checks == set(CONFIG_RULES)
+    for algo in ALGORITHMS.values():
+        names = set(algo.defaults)
+        for fn in (algo.estimator, algo.policy_loss):
+            names |= {p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY}
+        assert names <= set(ALGO_SETTING_RULES), (algo.name, names - set(ALGO_SETTING_RULES))
+        load_config(None, [f"algo={algo.name}", f"algo_overrides={algo.defaults}".replace("None", "null")])
+
+
+@pytest.mark.parametrize("overrides, shape", [
+    ([], (16, 1)),  # capo: 16 tasks x 1
+    (["algo=grpo"], (2, 8)),  # the same 16 episodes: 2 tasks x 8
+    (["algo=grpo", "rollout.group_size=4"], (4, 4)),
+    (["algo=rloo", "algo_overrides={group_size: 2}", "rollout.episodes_per_batch=8"], (4, 2)),
+    (["algo=grpo", "rollout.tasks_per_batch=3"], (3, 8)),  # explicit tasks: tasks x G
+])
+def test_every_algorithm_gets_the_same_episodes_per_iteration_by_default(overrides, shape):
+    from capo_train.config import batch_shape
+
+    assert batch_shape(load_config(None, overrides)) == shape
+
+
+def test_actor_lr_default_depends_on_the_model_kind():
+    from capo_train.config import DEFAULT_ENV_KWARGS, default_actor_lr, env_kwargs
+
+    assert load_config().optim.actor_lr is None  # auto, resolved by the trainer once the model is known
+    assert default_actor_lr(lora=True, parameters=135_000_000) == 5e-5
+    assert default_actor_lr(lora=False, parameters=6_496) == 1e-3
+    assert default_actor_lr(lora=False, parameters=135_000_000) == 1e-5
+    assert load_config(None, ["optim.actor_lr=2e-4"]).optim.actor_lr == 2e-4
+    # env.kwargs null: the CPU defaults for the default env only; another env gets its own defaults
+    assert env_kwargs(load_config().env) == DEFAULT_ENV_KWARGS
+    assert env_kwargs(load_config(None, ["env.id=capo_envs:capo/SynthHop-v0"]).env) == DEFAULT_ENV_KWARGS
+    assert env_kwargs(load_config(None, ["env.id=capo/HotpotQA-v0"]).env) == {}

@@ -163,6 +163,48 @@ def test_corrupted_download_leaves_no_dataset_and_no_file(tmp_path, mirror):
     assert not list((data / ".downloads" / "hotpotqa").glob("hotpot_dev*"))
 
 
+TWOWIKI_ZIP = "/s/ms2m13252h6xubs/data_ids_april7.zip"
+
+
+@pytest.fixture
+def unpinned_2wiki(mirror, monkeypatch):
+    """2wiki as upstream publishes it: no checksum or size, served here without Content-Length."""
+    (remote,) = sources.SOURCES["2wiki"]
+    monkeypatch.setitem(sources.SOURCES, "2wiki", (dataclasses.replace(remote, sha256=None, size=None),))
+    mirror.files[TWOWIKI_ZIP].no_length = True
+    return mirror.files[TWOWIKI_ZIP]
+
+
+def _prepare_2wiki(data: Path, mirror, *flags: str) -> int:
+    return data_main(["prepare", "2wiki", "--data-dir", str(data), "--mirror", mirror.url, "--quiet", *flags])
+
+
+def test_cut_download_without_length_is_not_cached_as_complete(tmp_path, mirror, unpinned_2wiki):
+    unpinned_2wiki.drop_after = 100  # the body simply ends early: nothing in HTTP says it was cut
+    assert _prepare_2wiki(tmp_path / "data", mirror) == 0
+    assert load_split("2wiki", "dev", data_dir=tmp_path / "data")[0].answers[0] == "United States"
+
+
+def test_truncated_download_cached_by_an_older_version_is_fetched_again(tmp_path, mirror, unpinned_2wiki, capsys):
+    cache = tmp_path / "data" / ".downloads" / "2wiki"
+    cache.mkdir(parents=True)
+    (cache / "data_ids_april7.zip").write_bytes(unpinned_2wiki.data[:100])  # what the old code kept
+    assert _prepare_2wiki(tmp_path / "data", mirror) == 0, capsys.readouterr().err
+    assert is_prepared("2wiki", tmp_path / "data")
+
+
+def test_force_fetches_a_complete_download_again(tmp_path, mirror, unpinned_2wiki, capsys):
+    good, unpinned_2wiki.data = unpinned_2wiki.data, b"<not a zip: the mirror had a bad copy>"
+    unpinned_2wiki.no_length = False  # complete as far as HTTP can tell, so it stays in the cache
+    assert _prepare_2wiki(tmp_path / "data", mirror) == 1
+    assert "neither" in capsys.readouterr().err
+    unpinned_2wiki.data = good
+    assert _prepare_2wiki(tmp_path / "data", mirror) == 1  # a complete download is reused...
+    mirror.requests.clear()
+    assert _prepare_2wiki(tmp_path / "data", mirror, "--force") == 0  # ...unless forced
+    assert [p.split("?")[0] for p, _ in mirror.requests] == [TWOWIKI_ZIP]
+    assert is_prepared("2wiki", tmp_path / "data")
+
 def test_ctrl_c_during_build_leaves_no_dataset(tmp_path, mirror, monkeypatch):
     def interrupted(*args):
         raise KeyboardInterrupt

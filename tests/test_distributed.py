@@ -68,7 +68,8 @@ def test_two_processes_train_in_lockstep(tiny_model_dir, tmp_path):
     assert ranks[0][0] == ranks[1][0]  # gradients averaged: the weights stay identical
     assert ranks[0][1] != ranks[1][1]  # but each process collected its own episodes
     records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    assert [r["iteration"] for r in records] == [1, 2]  # one log, written by the main process
-    assert all(r["rollout/episodes"] == 4.0 for r in records)  # statistics over both processes' episodes
+    assert [r["iteration"] for r in records] == [0, 1, 2]  # one log, written by the main process
+    assert records[0]["eval/episodes"] == 3.0  # held-out before RL
+    assert all(r["rollout/episodes"] == 4.0 for r in records[1:])  # statistics over both processes' episodes
     assert records[-1]["eval/episodes"] == 3.0  # the held-out tasks shared out, then gathered
     assert (out / "checkpoint").is_dir() and (out / "summary.json").is_file()

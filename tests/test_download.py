@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import tarfile
 import zipfile
@@ -92,6 +93,65 @@ def test_existing_matching_file_is_not_downloaded_again(tmp_path):
         download(url, tmp_path / "f.bin", sha256=sha256_bytes(DATA), progress=False)
         assert server.requests == []
 
+
+def test_body_without_length_cut_short_is_resumed_not_cached(tmp_path):
+    # No Content-Length: a dropped connection looks like the end of the file. The Range probe from the
+    # last byte gets 206 (there is more), so the download resumes (the 206 tells the total length).
+    with FileServer() as server:
+        url = server.add("/f.zip", DATA, no_length=True, drop_after=1000)
+        dest = download(url, tmp_path / "f.zip", progress=False)
+        assert server.ranges("/f.zip") == ["bytes=1000-", "bytes=1000-"]  # the probe, then the resume
+    assert dest.read_bytes() == DATA
+    assert json.loads((tmp_path / "f.zip.complete").read_text())["bytes"] == len(DATA)
+
+
+def test_cached_download_without_a_completeness_record_is_fetched_again(tmp_path):
+    # What an older version left after a cut body without Content-Length: a truncated file, no pins.
+    (tmp_path / "f.zip").write_bytes(DATA[:1000])
+    with FileServer() as server:
+        url = server.add("/f.zip", DATA, no_length=True)
+        download(url, tmp_path / "f.zip", progress=False)
+        assert (tmp_path / "f.zip").read_bytes() == DATA
+        assert server.requests == [("/f.zip", None), ("/f.zip", f"bytes={len(DATA)}-")]  # 416: that was all
+        server.requests.clear()
+        download(url, tmp_path / "f.zip", progress=False)  # now recorded as complete: kept
+        assert server.requests == []
+        (tmp_path / "f.zip").write_bytes(DATA[:-1])  # damaged later: the size no longer matches the record
+        download(url, tmp_path / "f.zip", progress=False)
+    assert (tmp_path / "f.zip").read_bytes() == DATA
+
+
+def test_unverifiable_download_is_used_but_fetched_again_next_time(tmp_path):
+    # No length and no Range support: nothing shows the file is complete, so it is never cached as such.
+    with FileServer() as server:
+        url = server.add("/f.zip", DATA, no_length=True, ignore_range=True)
+        download(url, tmp_path / "f.zip", progress=False)
+        assert (tmp_path / "f.zip").read_bytes() == DATA and not (tmp_path / "f.zip.complete").exists()
+        server.requests.clear()
+        download(url, tmp_path / "f.zip", progress=False)
+        assert [p for p, _ in server.requests][:1] == ["/f.zip"]
+
+
+def test_force_always_fetches_again(tmp_path):
+    with FileServer() as server:
+        url = server.add("/f.bin", DATA)
+        download(url, tmp_path / "f.bin", progress=False)
+        (tmp_path / "f.bin.part").write_bytes(b"junk")
+        server.requests.clear()
+        download(url, tmp_path / "f.bin", progress=False, force=True)
+        assert server.requests == [("/f.bin", None)]  # from byte 0: the .part went too
+        server.requests.clear()
+        download(url, tmp_path / "f.bin", sha256=sha256_bytes(DATA), progress=False, force=True)
+        assert server.requests == [("/f.bin", None)]
+    assert (tmp_path / "f.bin").read_bytes() == DATA
+
+
+def test_progress_off_a_terminal_is_lines(tmp_path, capsys):
+    with FileServer() as server:
+        url = server.add("/f.bin", DATA)
+        download(url, tmp_path / "f.bin", progress=True)
+    err = capsys.readouterr().err
+    assert "\r" not in err and err.splitlines()[-1].startswith("[capo data] f.bin 3.0 MiB/3.0 MiB (")
 
 def test_http_404_is_a_clear_error(tmp_path):
     with FileServer() as server, pytest.raises(DownloadError, match="404"):

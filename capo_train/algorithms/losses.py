@@ -274,11 +274,18 @@ def _masked(mask: Tensor, *xs: Tensor) -> list[Tensor]:
 
 
 def _clipped_value_error(values: Tensor, old_values: Tensor, returns: Tensor, cliprange: float):
-    """Elementwise ``max((V - R)^2, (clip(V, V_old +- c) - R)^2)`` and whether the clipped term won."""
-    v_clipped = old_values + (values - old_values).clamp(-cliprange, cliprange)
+    """Elementwise ``max((V - R)^2, (clip(V, V_old +- c) - R)^2)`` and whether the clipped term won.
+
+    Inside the clip range the clipped value is ``V`` itself, not ``V_old + (V - V_old)``: that sum can
+    differ from ``V`` in the last bit (V and V_old of opposite signs), and the clip fraction would then
+    count an unclipped entry whenever the rounding went the wrong way. An entry counts as clipped only
+    when the clip moved V (|V - V_old| > c) and the clipped error is the larger one (verl's vf_clipfrac).
+    """
+    outside = (values - old_values).abs() > cliprange  # the clip moves V
+    v_clipped = torch.where(outside, old_values + (values - old_values).clamp(-cliprange, cliprange), values)
     err = (values - returns) ** 2
     err_clipped = (v_clipped - returns) ** 2
-    return torch.maximum(err, err_clipped), err_clipped > err
+    return torch.maximum(err, err_clipped), outside & (err_clipped > err)
 
 
 def value_loss(

@@ -1,0 +1,83 @@
+"""A run killed between logging an iteration and checkpointing it resumes with a clean log.jsonl; and
+``capo train`` with stdout in a pipe (``capo train > run.log``) prints flushed progress lines as it goes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from capo_train import trainer
+from capo_train.trainer import train
+
+from test_trainer import SMALL_RUN, config_for
+
+
+def log_records(out_dir):
+    return [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
+
+
+def without_timings(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not k.startswith(("time/", "throughput/"))}
+
+
+@pytest.mark.slow
+def test_kill_between_log_and_checkpoint_leaves_each_iteration_once(tiny_model_dir, tmp_path, monkeypatch):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    train(config_for(tiny_model_dir, whole), progress=False)
+
+    real_save = trainer.save
+
+    def killed_while_saving(out_dir, model, tokenizer, optimizers, state, config):
+        if state.iteration == 2:  # iteration 2 is in log.jsonl; its checkpoint is never written
+            raise KeyboardInterrupt
+        return real_save(out_dir, model, tokenizer, optimizers, state, config)
+
+    monkeypatch.setattr(trainer, "save", killed_while_saving)
+    with pytest.raises(KeyboardInterrupt):
+        train(config_for(tiny_model_dir, killed), progress=False)
+    assert [r["iteration"] for r in log_records(killed)] == [0, 1, 2]  # what the kill leaves behind
+    monkeypatch.setattr(trainer, "save", real_save)
+
+    train(config_for(tiny_model_dir, killed), resume=True, progress=False)
+    assert [r["iteration"] for r in log_records(killed)] == [0, 1, 2]
+    assert [without_timings(r) for r in log_records(killed)] == [without_timings(r) for r in log_records(whole)]
+    assert not list(killed.glob(".log.jsonl*"))
+
+
+@pytest.mark.slow
+def test_capo_train_into_a_pipe_prints_progress_lines_as_it_goes(tiny_model_dir, tmp_path):
+    command = [sys.executable, "-m", "capo_train.cli", "train", f"model.path={tiny_model_dir}",
+               f"out_dir={tmp_path}", *SMALL_RUN]
+    started = time.monotonic()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    arrivals = []  # (seconds since start, line) as the pipe delivers them
+    for line in process.stdout:
+        arrivals.append((time.monotonic() - started, line.rstrip("\n")))
+    stderr = process.stderr.read()
+    assert process.wait(timeout=300) == 0, stderr
+    ended = time.monotonic() - started
+    lines = [line for _, line in arrivals if line.startswith("[capo train]")]
+    expected = [
+        "[capo train] capo on capo/SynthHop-v0, 2 iterations",
+        "[capo train] warm start: behaviour-cloning 2 expert episodes",
+        "[capo train] expert episodes 2/2",
+        "[capo train] warm-start step",
+        "[capo train] warm start done:",
+        "[capo train] held-out evaluation: 2 episodes",
+        "[capo train] held-out success",  # after the warm start
+        "[capo train] iteration 1/2 success",
+        "[capo train] held-out evaluation: 2 episodes",
+        "[capo train] held-out success",  # eval_every=2
+        "[capo train] iteration 2/2 success",
+    ]
+    seen = iter(lines)
+    for prefix in expected:  # in this order, other lines in between allowed
+        assert any(line.startswith(prefix) for line in seen), (prefix, lines)
+    assert all("\r" not in line for _, line in arrivals)
+    # Flushed as printed, not when the process exits: the first line came long before the run ended.
+    first = next(t for t, line in arrivals if line.startswith("[capo train] warm start:"))
+    assert ended - first > 1.0, arrivals
