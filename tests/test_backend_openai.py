@@ -11,6 +11,7 @@ import socket
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from threading import Thread
+from types import SimpleNamespace
 
 import gymnasium as gym
 import pytest
@@ -19,7 +20,7 @@ import torch
 import capo_envs  # noqa: F401  (registers capo/*)
 from capo_train.backends.hf import HFBackend
 from capo_train.backends.openai import OpenAIBackend, OpenAIBackendError
-from capo_train.backends.server import serve
+from capo_train.backends.server import DEFAULT_MAX_MODEL_LEN, CompletionServer, serve
 from capo_train.models import make_tiny_llama
 from capo_train.rollout import collect
 
@@ -164,7 +165,9 @@ def test_cli_eval_through_a_server_matches_in_process_eval(tiny, tmp_path, capsy
     common = ["eval", "--checkpoint", str(tmp_path), "--split", "dev", "--episodes", "3", "size=small", "k=1"]
     assert main(common) == 0
     in_process = json.loads(capsys.readouterr().out)
-    args = build_parser().parse_args(["serve", "--checkpoint", str(tmp_path), "--port", "0", "--device", "cpu"])
+    # the tiny Llama's config says 512 positions, the default limit; in process its prompts run past that
+    args = build_parser().parse_args(["serve", "--checkpoint", str(tmp_path), "--port", "0", "--device", "cpu",
+                                      "--max-model-len", "4096"])
     server = completion_server(args).start_in_thread()
     try:
         assert main([*common, "--server", server.url, "--served-model", str(tmp_path)]) == 0
@@ -193,7 +196,7 @@ def completion(**fields) -> bytes:
         ("POST", "/v1/completions", completion(prompt=""), 400, "at least one token"),
         ("POST", "/v1/completions", completion(prompt=[10**9]), 400, "outside the vocabulary"),
         ("POST", "/v1/completions", completion(max_tokens=0), 400, '"max_tokens"'),
-        ("POST", "/v1/completions", completion(prompt=[5] * 2990, max_tokens=20), 400, "exceeds 3000 positions"),
+        ("POST", "/v1/completions", completion(prompt=[5] * 2990, max_tokens=20), 400, "exceeds max_model_len=3000"),
         ("POST", "/v1/completions", completion(temperature=-1), 400, '"temperature"'),
         ("POST", "/v1/completions", completion(stop=[3]), 400, '"stop"'),
         ("POST", "/v1/completions", completion(logprobs=5), 400, '"logprobs"'),
@@ -216,6 +219,37 @@ def test_bad_requests_get_json_errors_and_the_server_keeps_serving(server, metho
 def test_models_endpoint(server):
     status, answer = request(server, "GET", "/v1/models")
     assert status == 200 and [m["id"] for m in answer["data"]] == [MODEL]
+
+
+def test_prompts_are_limited_to_the_model_positions_by_default(tiny):
+    """Without --max-model-len the limit is the positions in the model's config (512 for the tiny Llama),
+    else 8192: a longer prompt is a 400 that names the limit and how to raise it."""
+    model, tokenizer, _, _ = tiny
+    assert model.config.max_position_embeddings == 512
+    with CompletionServer(HFBackend(model, tokenizer), tokenizer, MODEL).start_in_thread() as server:
+        assert server.max_model_len == 512
+        status, answer = request(server, "POST", "/v1/completions", completion(prompt=[5] * 600))
+        message = answer["error"]["message"]
+        assert status == 400 and "600 tokens" in message and "max_model_len=512" in message, answer
+        assert "--max-model-len" in message
+        status, answer = request(server, "POST", "/v1/completions", completion(prompt=[5] * 510, max_tokens=2))
+        assert status == 200, answer  # 510 + 2 positions fit exactly
+    with CompletionServer(SimpleNamespace(), tokenizer, MODEL) as no_config:  # a backend naming no limit
+        assert no_config.max_model_len == DEFAULT_MAX_MODEL_LEN == 8192
+
+
+def test_a_huge_text_prompt_is_refused_before_it_is_tokenised(tiny):
+    """6 MB of text is refused at once, naming the limit: not tokenised and generated from for minutes
+    while every other client waits for the generation lock."""
+    model, tokenizer, _, _ = tiny
+    with CompletionServer(HFBackend(model, tokenizer), tokenizer, MODEL).start_in_thread() as server:
+        start = time.perf_counter()
+        status, answer = request(server, "POST", "/v1/completions", completion(prompt="a" * (6 << 20)))
+        assert time.perf_counter() - start < 5
+        message = answer["error"]["message"]
+        assert status == 400 and f"{6 << 20} characters exceeds the limit of {32 * 512}" in message, answer
+        assert "--max-model-len" in message
+        assert request(server, "POST", "/v1/completions", completion(prompt="a" * 100))[0] == 200
 
 
 # ----------------------------------------------------------------------------- the client's errors

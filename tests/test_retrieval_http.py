@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import http.client
-import importlib
 import json
 import os
 import re
@@ -297,8 +296,6 @@ def test_shutdown_releases_the_port(retriever):
 
 
 def test_serve_main_cli(tmp_path: Path):
-    if not hasattr(importlib.import_module("capo_envs.retrieval"), "open_retriever"):
-        pytest.skip("capo_envs.retrieval.open_retriever is not written yet")
     corpus = tmp_path / "corpus.jsonl"
     write_corpus(CORPUS, corpus)
     code = "import sys; from capo_envs.retrieval.server import serve_main; sys.exit(serve_main(sys.argv[1:]))"

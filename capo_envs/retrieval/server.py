@@ -20,6 +20,9 @@ from ..core.http import (
     JSONHandler,
     JSONServer,
     RequestError,
+    brief,
+    check_keys,
+    is_unicode,
     json_object,
     serve_until_interrupted,
 )
@@ -28,6 +31,7 @@ from .base import Hit, Retriever
 logger = logging.getLogger(__name__)
 
 DEFAULT_TOPK = 3  # Search-R1's default ``retrieval_topk``
+REQUEST_KEYS = frozenset({"queries", "topk", "return_scores"})  # all that Search-R1's client sends
 
 
 class RetrieverServer(JSONServer):
@@ -71,7 +75,8 @@ class RetrieveHandler(JSONHandler):
         elif path == "/retrieve":
             self._method_not_allowed()
         else:
-            self.send_error(HTTPStatus.NOT_FOUND, f"no such endpoint {path or '/'!r}; use POST /retrieve or GET /health")
+            message = f"no such endpoint {brief(path or '/')}; use POST /retrieve or GET /health"
+            self.send_error(HTTPStatus.NOT_FOUND, message)
 
     def do_POST(self) -> None:
         path = self.route
@@ -79,7 +84,7 @@ class RetrieveHandler(JSONHandler):
             if path == "/health":
                 raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, "use GET /health")
             if path != "/retrieve":
-                raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint {path or '/'!r}; use POST /retrieve")
+                raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint {brief(path or '/')}; use POST /retrieve")
             queries, topk, return_scores = self._parse_request(self._read_body())
         except RequestError as e:
             self._reject(e)
@@ -106,12 +111,15 @@ class RetrieveHandler(JSONHandler):
 
     def _parse_request(self, body: bytes) -> tuple[list[str], int, bool]:
         request = json_object(body)
+        check_keys(request, REQUEST_KEYS)
 
         queries = request.get("queries")
         if queries is None:
             raise RequestError(HTTPStatus.BAD_REQUEST, 'missing "queries" (a list of strings)')
         if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
             raise RequestError(HTTPStatus.BAD_REQUEST, '"queries" must be a list of strings')
+        if not all(map(is_unicode, queries)):
+            raise RequestError(HTTPStatus.BAD_REQUEST, '"queries" must be valid Unicode (a lone surrogate escape?)')
         if len(queries) > self.server.max_queries:
             raise RequestError(
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
@@ -122,11 +130,13 @@ class RetrieveHandler(JSONHandler):
         if topk is None:  # Search-R1 sends null to mean "the server's default"
             topk = DEFAULT_TOPK
         if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= self.server.max_topk:
-            raise RequestError(HTTPStatus.BAD_REQUEST, f'"topk" must be an int in [1, {self.server.max_topk}], got {topk!r}')
+            message = f'"topk" must be an int in [1, {self.server.max_topk}], got {brief(topk)}'
+            raise RequestError(HTTPStatus.BAD_REQUEST, message)
 
         return_scores = request.get("return_scores", False)
         if not isinstance(return_scores, bool):
-            raise RequestError(HTTPStatus.BAD_REQUEST, f'"return_scores" must be true or false, got {return_scores!r}')
+            message = f'"return_scores" must be true or false, got {brief(return_scores)}'
+            raise RequestError(HTTPStatus.BAD_REQUEST, message)
         return queries, topk, return_scores
 
 

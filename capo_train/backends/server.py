@@ -13,7 +13,9 @@ wrong log-probs.
 Standard library only, on the same plumbing as ``capo serve-retriever`` (:mod:`capo_envs.core.http`):
 one generation at a time (a lock around the backend), every answer JSON, a client's mistake a 4xx
 ``{"error": {"message": ...}}``, a failing backend a 500, never a dead server. Binds 127.0.0.1 unless
-told otherwise.
+told otherwise. Since generation is serialised, one huge prompt would make every other client wait: prompts
+are limited to ``max_model_len`` tokens (the model's positions by default), and text prompts to
+``CHARS_PER_POSITION`` characters per position before they are tokenised (tokenising is serialised too).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from capo_envs.core.http import JSONHandler, JSONServer, RequestError, json_object
+from capo_envs.core.http import JSONHandler, JSONServer, RequestError, brief, check_keys, is_unicode, json_object
 
 from .base import Generation, GenerationBackend
 
@@ -39,6 +41,14 @@ NEUTRAL_OPTIONS = {
     "top_p": (None, 1), "top_k": (None, -1, 0), "min_p": (None, 0), "repetition_penalty": (None, 1),
     "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}), "min_tokens": (None, 0),
 }
+SERVED_OPTIONS = {"model", "prompt", "max_tokens", "temperature", "stop", "seed", "logprobs", "user",
+                  "return_tokens_as_token_ids", "include_stop_str_in_output"}  # "user" only names the caller
+REQUEST_KEYS = frozenset(SERVED_OPTIONS | set(NEUTRAL_OPTIONS))
+DEFAULT_MAX_MODEL_LEN = 8192  # when the model's config names no limit
+# A text prompt longer than this many characters per position is refused before it is tokenised: it
+# cannot fit (tokens average ~4 characters; even long whitespace or punctuation tokens stay far below 32).
+CHARS_PER_POSITION = 32
+POSITION_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
 
 def _bad(message: str) -> RequestError:
@@ -76,11 +86,13 @@ class CompletionServer(JSONServer):
         request_timeout: float = 30.0,
         verbose: bool = False,
     ):
-        """``max_model_len``: the most tokens (prompt + completion) a request may need, when the model has a
-        limit; ``max_tokens_limit`` caps ``max_tokens`` so that one request cannot hold the model for long."""
+        """``max_model_len``: the most tokens (prompt + completion) a request may need; by default the
+        positions in the backend model's config, else ``DEFAULT_MAX_MODEL_LEN``. ``max_tokens_limit`` caps
+        ``max_tokens``: together they keep one request from holding the model for long."""
         self.backend, self.tokenizer, self.model_name = backend, tokenizer, model_name
         self.vocab_size = len(tokenizer)
-        self.max_model_len = max_model_len
+        self.max_model_len = max_model_len or model_positions(backend) or DEFAULT_MAX_MODEL_LEN
+        self.max_prompt_chars = CHARS_PER_POSITION * self.max_model_len
         self.max_tokens_limit = max_tokens_limit
         self.created = int(time.time())
         self.lock = threading.Lock()  # the backend (model, KV prefix cache) and tokenizer serve one call at a time
@@ -147,18 +159,19 @@ class CompletionServer(JSONServer):
     def parse(self, body: bytes) -> CompletionRequest:
         """Validate a request body; :class:`RequestError` on anything this server cannot serve as asked."""
         request = json_object(body)
+        check_keys(request, REQUEST_KEYS)
         model = request.get("model")
         if model is not None and model != self.model_name:
-            message = f"the model {model!r} does not exist; this server has {self.model_name!r}"
+            message = f"the model {brief(model)} does not exist; this server has {self.model_name!r}"
             raise RequestError(HTTPStatus.NOT_FOUND, message)
         for option, neutral in NEUTRAL_OPTIONS.items():
             if option in request and not any(_same(request[option], value) for value in neutral):
-                raise _bad(f'"{option}"={request[option]!r} is not supported by this server')
-        prompts = self._prompts(request.get("prompt"))
+                raise _bad(f'"{option}"={brief(request[option])} is not supported by this server')
         max_tokens = _int(request, "max_tokens", DEFAULT_MAX_TOKENS, 1, self.max_tokens_limit)
+        prompts = self._prompts(request.get("prompt"))
         longest = max(map(len, prompts))
-        if self.max_model_len is not None and longest + max_tokens > self.max_model_len:
-            raise _bad(f"a prompt of {longest} tokens + max_tokens={max_tokens} exceeds {self.max_model_len} positions")
+        if longest + max_tokens > self.max_model_len:
+            raise _bad(f"a prompt of {longest} tokens + max_tokens={max_tokens} exceeds {self._limit()}")
         return CompletionRequest(
             prompts=prompts,
             max_tokens=max_tokens,
@@ -178,16 +191,27 @@ class CompletionServer(JSONServer):
             raise _bad('"prompt" must be a non-empty string, a list of token ids, or a list of either')
         return [self._one_prompt(p) for p in prompt]
 
+    def _limit(self) -> str:
+        """The prompt-length limit, named the way it is changed."""
+        return f"max_model_len={self.max_model_len} positions (start `capo serve` with a larger --max-model-len)"
+
     def _one_prompt(self, prompt: Any) -> list[int]:
         if isinstance(prompt, str):
+            if len(prompt) > self.max_prompt_chars:  # refused before tokenising, which holds the lock
+                raise _bad(f"a prompt of {len(prompt)} characters exceeds the limit of {self.max_prompt_chars} "
+                           f"({CHARS_PER_POSITION} per position) for {self._limit()}")
+            if not is_unicode(prompt):  # the tokenizer would raise a TypeError
+                raise _bad("a prompt must be valid Unicode (a lone surrogate escape such as \\ud800?)")
             with self.lock:  # a fast tokenizer shared across threads can fail with "Already borrowed"
                 ids = self.tokenizer.encode(prompt, add_special_tokens=False)
         elif isinstance(prompt, list) and all(_is_int(t) for t in prompt):
             ids = prompt
         else:
-            raise _bad(f"a prompt must be a string or a list of token ids, got {prompt!r:.100}")
+            raise _bad(f"a prompt must be a string or a list of token ids, got {brief(prompt)}")
         if not ids:
             raise _bad("every prompt needs at least one token")
+        if len(ids) >= self.max_model_len:  # no room left for even one new token
+            raise _bad(f"a prompt of {len(ids)} tokens exceeds {self._limit()}")
         bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise _bad(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
@@ -211,14 +235,15 @@ class CompletionHandler(JSONHandler):
         elif path == "/v1/completions":
             self._method_not_allowed()
         else:
-            message = f"no such endpoint {path or '/'!r}; use POST /v1/completions or GET /v1/models"
+            message = f"no such endpoint {brief(path or '/')}; use POST /v1/completions or GET /v1/models"
             self.send_error(HTTPStatus.NOT_FOUND, message)
 
     def do_POST(self) -> None:
         path = self.route
         try:
             if path != "/v1/completions":
-                raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint {path or '/'!r}; use POST /v1/completions")
+                message = f"no such endpoint {brief(path or '/')}; use POST /v1/completions"
+                raise RequestError(HTTPStatus.NOT_FOUND, message)
             request = self.server.parse(self._read_body())
         except RequestError as e:
             self._reject(e)
@@ -238,6 +263,17 @@ def serve(
     """Bind (port 0 picks a free port: see ``.server_address`` or ``.url``) and serve from a daemon thread;
     ``close()`` stops it and releases the port. ``options`` go to :class:`CompletionServer`."""
     return CompletionServer(backend, tokenizer, model_name, host, port, **options).start_in_thread()
+
+
+def model_positions(backend: GenerationBackend) -> int | None:
+    """The most positions the backend's model takes, from its config (``max_position_embeddings`` or the
+    like); None when it has no model or names no limit."""
+    config = getattr(getattr(backend, "model", None), "config", None)
+    for field in POSITION_FIELDS:
+        value = getattr(config, field, None)
+        if _is_int(value) and value > 0:
+            return value
+    return None
 
 
 def _fired_stop(text: str, stop: list[str]) -> str:
@@ -267,7 +303,7 @@ def _int(request: dict, key: str, default: int | None, low: int, high: int) -> i
     if value is None:
         return default
     if not _is_int(value) or not low <= value <= high:
-        raise _bad(f'"{key}" must be an integer in [{low}, {high}], got {value!r:.100}')
+        raise _bad(f'"{key}" must be an integer in [{low}, {high}], got {brief(value)}')
     return value
 
 
@@ -276,7 +312,7 @@ def _bool(request: dict, key: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise _bad(f'"{key}" must be true or false, got {value!r:.100}')
+        raise _bad(f'"{key}" must be true or false, got {brief(value)}')
     return value
 
 
@@ -284,7 +320,7 @@ def _temperature(value: Any) -> float:
     if value is None:
         return 1.0
     if not _is_number(value) or not 0 <= value <= 100:  # also refuses NaN, which compares false
-        raise _bad(f'"temperature" must be a number in [0, 100], got {value!r:.100}')
+        raise _bad(f'"temperature" must be a number in [0, 100], got {brief(value)}')
     return float(value)
 
 
@@ -292,7 +328,7 @@ def _stop(value: Any) -> list[str]:
     if value is None:
         return []
     stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise _bad(f'"stop" must be a non-empty string or a list of them, got {value!r:.100}')
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s and is_unicode(s) for s in stops):
+        raise _bad(f'"stop" must be a non-empty string or a list of them (valid Unicode), got {brief(value)}')
     return stops
 
