@@ -48,12 +48,12 @@ import warnings
 
 import torch
 
+from capo_train.algorithms import get
 from capo_train.config import load_config
 from capo_train.models import evaluating, make_tiny_llama
 from capo_train.rows import ActionRecord, Trajectory, build_rows, gather_actions
 from capo_train.trainer import (
     _optimizers,
-    algorithm_settings,
     build_model,
     compute_targets,
     resolve_model_path,
@@ -86,13 +86,14 @@ class Ours:
             "optim.ppo_epochs=1", f"rollout.group_size={args.group}", "log_tensorboard=false",
         ]
         self.name, self.config = algo, load_config(None, overrides)
-        self.algo, self.settings = algorithm_settings(self.config)
+        self.algo = get(algo).bind(self.config.algo_overrides)
         self.model, tokenizer = build_model(self.config, self.algo)
         self.optimizers = _optimizers(self.model, self.config)
         trajectories = [
             Trajectory(
                 traj_id=i, task_id=f"task{int(groups[i])}", group_id=int(groups[i]),
-                actions=[ActionRecord(p.tolist(), c.tolist(), [0.0] * len(c), float(r), True, [])],
+                actions=[ActionRecord(prompt_ids=p.tolist(), action_ids=c.tolist(), old_logprobs=[0.0] * len(c),
+                                      reward=float(r), action_valid=True, obs_ids=[])],
                 terminated=True, truncated=False, metrics={}, anchors=["obs"],
             )
             for i, (p, c, r) in enumerate(zip(prompts, completions, rewards))
@@ -110,10 +111,10 @@ class Ours:
         """Seconds of ``compute_targets`` and of ``update``."""
         start = time.perf_counter()
         final_value = torch.zeros(self.batch.num_actions) if self.algo.needs_critic else None
-        targets = compute_targets(self.model, self.algo, self.config.algo_overrides, self.batch, final_value)
+        targets = compute_targets(self.model, self.algo, self.batch, final_value)
         middle = time.perf_counter()
         generator = torch.Generator().manual_seed(self.rounds)
-        update(self.model, self.optimizers, self.algo, self.settings, self.batch, targets, self.config, generator)
+        update(self.model, self.optimizers, self.algo, self.batch, targets, self.config, generator)
         self.rounds += 1
         return middle - start, time.perf_counter() - middle
 
@@ -147,10 +148,10 @@ def make_trl(model_dir: str, tokenizer, args, prompts, completions, rewards, gro
     )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
     peft_config = None
-    if args.lora:  # the same adapters as capo_train.models._lora builds for our side
+    if args.lora:  # the same adapters as capo_train.models.actor_critic._lora builds for our side
         from peft import LoraConfig
 
-        from capo_train.models import LoraSettings, _last_layers
+        from capo_train.models.actor_critic import LoraSettings, _last_layers
 
         settings = LoraSettings(**LORA)
         peft_config = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,

@@ -296,8 +296,8 @@ CONFIG_RULES: dict[str, Rule] = {
     "sft.state_loss_coef": NON_NEGATIVE,
 }
 
-# Every hyperparameter an algorithm takes (registry defaults and its functions' keyword arguments; see
-# capo_train/algorithms/registry.py). A test keeps this in step with the registry.
+# Every hyperparameter an algorithm reads (its registry defaults and the keys it routes to its estimator
+# and loss: Algorithm.setting_names in capo_train/algorithms/registry.py). A test keeps this in step.
 ALGO_SETTING_RULES: dict[str, Rule] = {
     "clip_low": POSITIVE,
     "clip_high": POSITIVE,

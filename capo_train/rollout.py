@@ -12,7 +12,7 @@ States (what the policy is conditioned on at step t) come from one of two builde
   Every state is a prefix of the later ones, so the ``packed`` row layout applies.
 - :class:`WindowState` (``state="window"``): the prompt is rebuilt each step from the task, the last
   ``k`` (observation, action) pairs and the current observation, as the CAPO recipes do for ALFWorld and
-  WebShop (spec 1.1). Only the ``per_action`` layout applies.
+  WebShop (the authors' code: AgentR1/CAPO, ``recipe/<env>/``). Only the ``per_action`` layout applies.
 
 Both write text through :class:`ChatFormat`: the tokenizer's chat template when it has one, otherwise a
 plain ``User: ... / Assistant:`` format.
@@ -23,12 +23,13 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 
 from .backends.base import GenerationBackend
+from .config import RolloutConfig
 from .rows import ActionRecord, Trajectory
 
 # Tasks of an env without task_ids(): task i is reset seed i, training from seed 0 and held-out
@@ -209,6 +210,41 @@ def read_protocol(info: dict, env: gym.Env) -> tuple[str, tuple[str, ...]]:
     return instructions, tuple(stop)
 
 
+@dataclass(frozen=True, kw_only=True)
+class RolloutSettings:
+    """How every episode of a run is played, built once from the config (:meth:`from_config`).
+
+    max_action_tokens  most tokens one action may have (generation stops there).
+    max_prompt_tokens  a longer state ends its episode before generating (see :func:`collect`).
+    state              "concat" (:class:`ConcatState`) or "window" (:class:`WindowState`, the last ``window``
+                       (observation, action) pairs).
+    temperature        sampling temperature; ``greedy`` decodes the most likely token instead.
+    instructions       text added to the system prompt after the env's protocol instructions.
+    """
+
+    max_action_tokens: int
+    max_prompt_tokens: int
+    state: str = "concat"
+    window: int = 2
+    temperature: float = 1.0
+    greedy: bool = False
+    instructions: str = ""
+
+    def __post_init__(self):
+        if self.state not in ("concat", "window"):
+            raise ValueError(f"state must be 'concat' or 'window', got {self.state!r}")
+
+    @classmethod
+    def from_config(cls, rollout: RolloutConfig) -> RolloutSettings:
+        return cls(max_action_tokens=rollout.max_action_tokens, max_prompt_tokens=rollout.max_prompt_tokens,
+                   state=rollout.state, window=rollout.window, temperature=rollout.temperature)
+
+    def for_evaluation(self) -> RolloutSettings:
+        """Greedy decoding, as the authors' validation runs (AgentR1/CAPO launch scripts: T = 0); the
+        temperature goes back to 1, so the recorded log-probs are the model's own."""
+        return replace(self, greedy=True, temperature=1.0)
+
+
 @dataclass
 class _Episode:
     env: gym.Env
@@ -222,19 +258,13 @@ def collect(
     envs: Sequence[gym.Env] | Callable[[], gym.Env],
     backend: GenerationBackend,
     tokenizer,
+    settings: RolloutSettings,
     *,
     tasks_per_batch: int,
     group_size: int,
-    max_action_tokens: int,
-    max_prompt_tokens: int,
-    state: str = "concat",
-    window: int = 2,
-    temperature: float = 1.0,
-    greedy: bool = False,
     seed: int | None = None,
     task_ids: Sequence[str] | None = None,
     task_pool: Sequence[str] | None = None,
-    instructions: str = "",
 ) -> list[Trajectory]:
     """Run ``tasks_per_batch x group_size`` episodes and return their trajectories (in episode order).
 
@@ -247,17 +277,16 @@ def collect(
     seeds). The ``group_size`` episodes of a group reset to the same task (``options={"task_id": ...}``, or
     for an env without task ids the same reset seed) and share ``group_id``.
 
-    The system prompt is the protocol's ``instructions`` from the reset info, then ``instructions`` (task
-    instructions from the trainer's config) if any. A state longer than ``max_prompt_tokens`` ends its
-    episode before generating: ``truncated=True``, ``metrics={}`` (the env never reported any) and the last
-    recorded action gets ``obs_ids=[]``; an episode cut before its first action has no actions at all.
+    ``settings`` say how each episode is played (:class:`RolloutSettings`). The system prompt is the
+    protocol's ``instructions`` from the reset info, then ``settings.instructions`` if any. A state longer
+    than ``settings.max_prompt_tokens`` ends its episode before generating: ``truncated=True``,
+    ``metrics={}`` (the env never reported any) and the last recorded action gets ``obs_ids=[]``; an
+    episode cut before its first action has no actions at all.
     An episode the env truncates records the state it stopped in as ``final_prompt_ids`` (unless that is
     over the prompt budget too) so the critic can bootstrap; a cut one has none.
-    ``temperature``/``greedy``/``seed`` go to the backend; each generate call gets its own seed drawn from
-    the RNG, so a run is reproducible given ``seed``.
+    ``settings.temperature``/``settings.greedy`` go to the backend, and so does a seed: each generate call
+    gets its own, drawn from an RNG seeded with ``seed``, so a run is reproducible given ``seed``.
     """
-    if state not in ("concat", "window"):
-        raise ValueError(f"state must be 'concat' or 'window', got {state!r}")
     rng = random.Random(seed)
     n_episodes = tasks_per_batch * group_size
     own_envs = callable(envs)
@@ -281,11 +310,12 @@ def collect(
             for slot, e in enumerate(range(wave, min(wave + len(pool), n_episodes))):
                 group = e // group_size
                 episode = start_episode(pool[slot], fmt, task_ids[group], seed=rng.randrange(2**31), traj_id=e,
-                                        group_id=group, state=state, window=window, instructions=instructions)
+                                        group_id=group, state=settings.state, window=settings.window,
+                                        instructions=settings.instructions)
                 trajectories.append(episode.traj)
                 live.append(episode)
             while live:
-                live = _turn(live, backend, rng, max_action_tokens, max_prompt_tokens, temperature, greedy, seed)
+                live = _turn(live, backend, rng, settings, seeded=seed is not None)
     finally:
         if own_envs:
             for env in pool:
@@ -293,12 +323,13 @@ def collect(
     return trajectories
 
 
-def _turn(live, backend, rng, max_action_tokens, max_prompt_tokens, temperature, greedy, seed) -> list[_Episode]:
+def _turn(live: list[_Episode], backend: GenerationBackend, rng: random.Random, settings: RolloutSettings,
+          seeded: bool) -> list[_Episode]:
     """One action for every live episode; returns the episodes still running."""
     by_stop: dict[tuple[str, ...], list[tuple[_Episode, list[int]]]] = defaultdict(list)
     for ep in live:
         prompt = ep.state.prompt()
-        if len(prompt) > max_prompt_tokens:  # over the prompt budget: cut (see collect's doc)
+        if len(prompt) > settings.max_prompt_tokens:  # over the prompt budget: cut (see collect's doc)
             ep.traj.truncated = True
             if ep.traj.actions:
                 ep.traj.actions[-1].obs_ids = []
@@ -310,13 +341,13 @@ def _turn(live, backend, rng, max_action_tokens, max_prompt_tokens, temperature,
         generations = backend.generate(
             [prompt for _, prompt in items],
             stop=list(stop),
-            max_new_tokens=max_action_tokens,
-            temperature=temperature,
-            greedy=greedy,
-            seed=rng.randrange(2**31) if seed is not None else None,
+            max_new_tokens=settings.max_action_tokens,
+            temperature=settings.temperature,
+            greedy=settings.greedy,
+            seed=rng.randrange(2**31) if seeded else None,
         )
         for (ep, prompt), gen in zip(items, generations):
-            if step_episode(ep, prompt, gen.token_ids, gen.logprobs, gen.text, max_prompt_tokens):
+            if step_episode(ep, prompt, gen.token_ids, gen.logprobs, gen.text, settings.max_prompt_tokens):
                 still.append(ep)
     return still
 
@@ -343,7 +374,8 @@ def start_episode(
     protocol, stop = read_protocol(info, env)
     system = "\n\n".join(part for part in (protocol, instructions) if part)
     builder = ConcatState(fmt, system, obs) if state == "concat" else WindowState(fmt, system, obs, window)
-    traj = Trajectory(traj_id, str(task_id), group_id, [], False, False, {}, [])
+    traj = Trajectory(traj_id=traj_id, task_id=str(task_id), group_id=group_id, actions=[], terminated=False,
+                      truncated=False, metrics={}, anchors=[])
     return _Episode(env, traj, builder, stop, obs)
 
 
@@ -353,7 +385,8 @@ def step_episode(
     """Send one action to the env and record it (prompt, tokens, log-probs, reward, the observation's tokens
     or the episode's end); returns whether the episode goes on."""
     obs, reward, terminated, truncated, info = ep.env.step(text)
-    record = ActionRecord(prompt, token_ids, logprobs, float(reward), bool(info.get("action_valid", True)), [])
+    record = ActionRecord(prompt_ids=prompt, action_ids=token_ids, old_logprobs=logprobs, reward=float(reward),
+                          action_valid=bool(info.get("action_valid", True)), obs_ids=[])
     ep.traj.actions.append(record)
     ep.traj.anchors.append(ep.obs)
     if terminated or truncated:

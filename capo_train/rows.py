@@ -1,19 +1,25 @@
-"""Rollout -> training rows: token ids in, token ids out, never re-tokenised (spec 1.1, 1.9).
+"""Rollout -> training rows: token ids in, token ids out, never re-tokenised ("token-space consistency",
+a goal of the authors' code, AgentR1/StepPO README); observations are never action tokens.
+
+Two words, used the same way here and in ``capo_train.algorithms``:
+
+- a **row** is one model-input sequence (``R`` rows of ``S`` tokens: ``[R, S]``);
+- an **action** is one LLM response (one env step): a span of action tokens inside a row, with its own
+  reward, advantage, ratio and clip decision (``A`` actions of at most ``L`` tokens: ``[A]``, ``[A, L]``).
 
 A rollout gives :class:`Trajectory` objects made of :class:`ActionRecord` segments (the exact state tokens
 each action was sampled from, the action tokens, their old log-probs). :func:`build_rows` lays them out
-as model inputs in one of two layouts:
+as rows in one of two layouts:
 
-- ``"per_action"`` (the authors' layout): one row per action, ``prompt_ids + action_ids``. Works for any
-  state builder.
+- ``"per_action"`` (the authors' layout): one row per action, ``prompt_ids + action_ids`` (R = A). Works
+  for any state builder.
 - ``"packed"`` (concatenated states only): one row per trajectory, ``prompt_0 + a_0 + obs_0 + ... + a_T``
   (= ``prompt_T + a_T``). Each action is a span of the row; observation tokens belong to no span, so
   they get no log-prob, advantage or loss. One forward pass reads every action's log-probs and every
-  boundary value: O(T) tokens instead of O(T^2).
+  boundary value: O(T) tokens instead of O(T^2) (R = number of trajectories).
 
-Whatever the layout, the algorithms see per-action tensors ``[A, L]`` (``A`` actions in the batch, ``L``
-the longest action): :func:`gather_actions` takes per-position model outputs ``[R, S]`` (``R`` rows,
-``S`` row length) to ``[A, L]``, so both layouts give the same numbers.
+Whatever the layout, the algorithms see per-action tensors ``[A, L]``: :func:`gather_actions` takes
+per-position model outputs ``[R, S]`` to ``[A, L]``, so both layouts give the same numbers.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from torch import Tensor
 LAYOUTS = ("per_action", "packed")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ActionRecord:
     """One action of a trajectory.
 
@@ -49,7 +55,7 @@ class ActionRecord:
     obs_ids: list[int]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Trajectory:
     """One episode. ``group_id`` is shared by the G rollouts of one task; ``anchors[t]`` is the observation
     text the policy saw before action t (GiGPO's anchor state). At the end of an episode exactly one of
@@ -79,7 +85,7 @@ class RowBatch:
                                  padding tokens.
     boundary_row   [A] long      the row each action lives in.
     boundary_pos   [A] long      position of the action's last state token (first action token - 1): where
-                                 the critic's V(s_t) is read (spec 1.2). Action tokens are at
+                                 the critic's V(s_t) is read (CAPO paper, Fig. 2(b)). Action tokens are at
                                  ``boundary_pos + 1 .. boundary_pos + L_t``.
     old_logp       [A, L] float  rollout log-probs, left-aligned, 0 on padding.
     action_mask    [A, L] float  1 on action tokens.

@@ -26,37 +26,28 @@ import json
 import math
 import os
 import random
-import shutil
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import torch
 
-from .algorithms import ALGORITHMS, Algorithm, StepBatch, kl_loss, token_value_loss, value_loss
+from .algorithms import BoundAlgorithm, StepBatch, get, kl_loss, token_value_loss, value_loss
 from .algorithms.losses import action_log_ratio, entropy_loss
 from .backends.base import GenerationBackend
 from .backends.hf import HFBackend
 from .config import ConfigError, TrainConfig, batch_shape, default_actor_lr, env_kwargs, env_spec, to_dict
-from .models import (
-    ActorCritic,
-    LoraSettings,
-    build_actor_critic,
-    evaluating,
-    load_checkpoint,
-    load_reference,
-    reference_logp,
-)
-from .models import save_checkpoint as save_models
+from .models.actor_critic import ActorCritic, LoraSettings, build_actor_critic, load_reference
+from .models.checkpoints import CHECKPOINT, RunState, load_run, save_run
+from .models.logprobs import evaluating, reference_logp
 from .progress import SILENT, Progress, duration
-from .rollout import collect, env_tasks, has_task_ids, rollout_stats
+from .rollout import RolloutSettings, collect, env_tasks, has_task_ids, rollout_stats
 from .rows import RowBatch, Trajectory, build_rows, gather_actions, minibatches
 
 LENGTH_BUCKETS = (8, 16, 32, 64)  # action-length buckets (tokens) for the ratio-spread diagnostic
-CHECKPOINT = "checkpoint"
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -70,34 +61,7 @@ def resolve_model_path(path: str) -> str:
     return path
 
 
-def _known_settings(algo: Algorithm) -> set[str]:
-    known = set(algo.defaults) | set(inspect.signature(algo.estimator).parameters)
-    return known | set(inspect.signature(algo.policy_loss).parameters)
-
-
-def algorithm_settings(config: TrainConfig) -> tuple[Algorithm, dict[str, Any]]:
-    """The algorithm and its hyperparameters: registry defaults updated by ``algo_overrides``.
-
-    A key this algorithm does not use but another registered one does (``whiten_std_floor`` for GRPO,
-    say) is dropped, so one set of overrides serves a whole benchmark grid; a key no algorithm uses is an
-    error (a typo)."""
-    algo = ALGORITHMS[config.algo]
-    known = _known_settings(algo)
-    elsewhere = set().union(*(_known_settings(a) for a in ALGORITHMS.values()))
-    unknown = set(config.algo_overrides) - elsewhere
-    if unknown:
-        raise ValueError(f"{config.algo}: unknown algo_overrides {sorted(unknown)}; known: {sorted(known)}")
-    overrides = {k: v for k, v in config.algo_overrides.items() if k in known}
-    return algo, {**algo.defaults, **overrides}
-
-
-def accepted_by(algo: Algorithm, fn, overrides: dict) -> dict:
-    """The overrides meant for ``fn`` (the estimator or the policy loss): registry keys or its own parameters."""
-    params = inspect.signature(fn).parameters
-    return {k: v for k, v in overrides.items() if k in algo.defaults or k in params}
-
-
-def build_model(config: TrainConfig, algo: Algorithm) -> tuple[ActorCritic, Any]:
+def build_model(config: TrainConfig, algo: BoundAlgorithm) -> tuple[ActorCritic, Any]:
     lora = None
     if config.model.lora:
         lora = LoraSettings(r=config.model.lora_r, alpha=config.model.lora_alpha, last_layers=config.model.lora_last_layers)
@@ -198,7 +162,7 @@ def shift_right(values: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def final_values(model: ActorCritic, trajectories: list[Trajectory], batch: RowBatch, pad_id: int) -> torch.Tensor:
     """``[A]``: V of the state after each action's trajectory's last action, for truncated trajectories
-    (bootstrapping, spec 1.2: the authors' code uses 0 here); 0 elsewhere."""
+    (bootstrapping; the authors' code, AgentR1/CAPO arft/core_algos.py, uses 0 here); 0 elsewhere."""
     out = torch.zeros(batch.num_actions)
     cut = [i for i, t in enumerate(trajectories) if t.truncated and t.final_prompt_ids]
     if not cut:
@@ -223,8 +187,7 @@ def final_values(model: ActorCritic, trajectories: list[Trajectory], batch: RowB
 @torch.no_grad()
 def compute_targets(
     model: ActorCritic,
-    algo: Algorithm,
-    overrides: dict,
+    algo: BoundAlgorithm,
     batch: RowBatch,
     final_value: torch.Tensor | None,
     reference: torch.nn.Module | None = None,
@@ -249,9 +212,8 @@ def compute_targets(
         step.values = values[batch.boundary_row, batch.boundary_pos]  # [A]: V(s_t) at the last state token
         step.token_values = gather_actions(shift_right(values), batch)  # [A, L]: V before each action token
         old_values = step.values if algo.critic_at == "boundary" else step.token_values
-    settings = {**algo.defaults, **overrides}
     ref_logp = None
-    if settings.get("kl_coef", 0.0) > 0:
+    if algo.kl_coef > 0:
         ref_logp = gather_actions(
             reference_logp(
                 model, batch.input_ids, batch.attention_mask, reference=reference, logp_mask=batch.action_index >= 0,
@@ -259,9 +221,9 @@ def compute_targets(
             ),
             batch,
         )
-        if settings.get("kl_in_reward"):
+        if algo.kl_in_reward:
             step.token_kl = torch.where(batch.action_mask.bool(), batch.old_logp - ref_logp, 0)
-    estimate = algo.estimate(step, **accepted_by(algo, algo.estimator, overrides))
+    estimate = algo.estimate(step)
     return Targets(estimate.advantages, estimate.returns, old_values, ref_logp)
 
 
@@ -314,7 +276,7 @@ def _optimizer_step(
     stats[f"{name}/skipped_updates"] = stats.get(f"{name}/skipped_updates", 0) + 1
 
 
-def _value_loss(algo: Algorithm, values: torch.Tensor, mb: RowBatch, targets: Targets, cliprange: float):
+def _value_loss(algo: BoundAlgorithm, values: torch.Tensor, mb: RowBatch, targets: Targets, cliprange: float):
     ids = mb.action_id
     if algo.critic_at == "boundary":
         v = values[mb.boundary_row, mb.boundary_pos]  # [a]
@@ -329,8 +291,7 @@ def _value_loss(algo: Algorithm, values: torch.Tensor, mb: RowBatch, targets: Ta
 def update(
     model: ActorCritic,
     optimizers: dict,
-    algo: Algorithm,
-    settings: dict,
+    algo: BoundAlgorithm,
     batch: RowBatch,
     targets: Targets,
     config: TrainConfig,
@@ -339,13 +300,12 @@ def update(
 ) -> dict[str, float]:
     """Critic first (its own pass, unless it shares the actor's forward), then the actor.
 
-    ``settings``: the algorithm's hyperparameters, registry defaults updated by ``config.algo_overrides``.
     ``model`` may be the accelerator's (DDP-wrapped) model: its forward syncs gradients across processes."""
     stats: dict[str, Any] = {}
     inner = unwrap(model)
     count = synced_minibatch_count(batch.num_rows, config.optim.minibatch_rows, accelerator)
     shared_critic = algo.needs_critic and config.model.critic == "shared"
-    cliprange = settings.get("value_cliprange", 0.5)
+    cliprange = algo.settings.get("value_cliprange", 0.5)
     if algo.needs_critic and not shared_critic:
         for _ in range(config.optim.ppo_epochs):
             for mb in minibatches(batch, config.optim.minibatch_rows, generator, count):
@@ -355,8 +315,8 @@ def update(
                                 config.optim.grad_clip, stats, "critic", accelerator)
                 stats.setdefault("critic/loss", []).append(loss.item())
 
-    kl_coef = settings.get("kl_coef", 0.0) if not settings.get("kl_in_reward") else 0.0
-    entropy_coef = settings.get("entropy_coef", 0.0)
+    kl_coef = 0.0 if algo.kl_in_reward else algo.kl_coef  # a loss term unless it went into the reward
+    entropy_coef = algo.settings.get("entropy_coef", 0.0)
     ratio_mode = "capo" if algo.ratio_mode == "token" else algo.ratio_mode
     for _ in range(config.optim.ppo_epochs):
         for mb in minibatches(batch, config.optim.minibatch_rows, generator, count):
@@ -373,11 +333,9 @@ def update(
             advantages = targets.advantages[mb.action_id]
             if advantages.dim() == 2:
                 advantages = advantages[:, :L]
-            loss, diag = algo.policy_loss_fn(
-                logp, mb.old_logp, advantages, mb.action_mask, **accepted_by(algo, algo.policy_loss, config.algo_overrides)
-            )
+            loss, diag = algo.policy_loss(logp, mb.old_logp, advantages, mb.action_mask)
             if kl_coef > 0:
-                kl, _ = kl_loss(logp, targets.ref_logp[mb.action_id, :L], mb.action_mask, kind=settings.get("kl_type", "k3"))
+                kl, _ = kl_loss(logp, targets.ref_logp[mb.action_id, :L], mb.action_mask, kind=algo.settings.get("kl_type", "k3"))
                 loss = loss + kl_coef * kl
                 stats.setdefault("actor/kl_ref", []).append(kl.item())
             if out.entropy is not None:
@@ -443,56 +401,15 @@ def evaluate(
     if task_ids:
         in_process = backend is None
         backend = HFBackend(model.actor, tokenizer, batch_size=len(envs)) if in_process else backend
+        settings = RolloutSettings.from_config(config.rollout).for_evaluation()
         with evaluating(model) if in_process else contextlib.nullcontext():
-            trajectories = collect(
-                envs, backend, tokenizer, tasks_per_batch=len(task_ids), group_size=1, task_ids=task_ids,
-                max_action_tokens=config.rollout.max_action_tokens, max_prompt_tokens=config.rollout.max_prompt_tokens,
-                state=config.rollout.state, window=config.rollout.window, greedy=True, seed=config.seed,
-            )
+            trajectories = collect(envs, backend, tokenizer, settings, tasks_per_batch=len(task_ids), group_size=1,
+                                   task_ids=task_ids, seed=config.seed)
     trajectories = gather_trajectories(trajectories, accelerator)
     stats = rollout_stats(trajectories)
     progress.say(f"held-out success {stats.get('success', math.nan):.2f} ({len(trajectories)} episodes, "
                  f"{duration(time.perf_counter() - start)})")
     return {f"eval/{k}": v for k, v in stats.items()}
-
-
-# ----------------------------------------------------------------------------- checkpoints
-
-
-@dataclass
-class RunState:
-    iteration: int = 0  # iterations completed
-    sft_done: bool = False
-    history: list = field(default_factory=list)
-
-
-def save(out_dir: Path, model: ActorCritic, tokenizer, optimizers: dict, state: RunState, config: TrainConfig) -> Path:
-    """Write the checkpoint beside the old one, then swap: a kill mid-save leaves the previous one intact."""
-    final = out_dir / CHECKPOINT
-    tmp = out_dir / f".{CHECKPOINT}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_models(tmp, model, tokenizer)
-    torch.save({name: opt.state_dict() for name, opt in optimizers.items()}, tmp / "optimizers.pt")
-    (tmp / "run_state.json").write_text(json.dumps(asdict(state)))
-    (tmp / "config.json").write_text(json.dumps(to_dict(config), indent=2))
-    old = out_dir / f".{CHECKPOINT}.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def restore(out_dir: Path, config: TrainConfig) -> tuple[ActorCritic, Any, dict, RunState]:
-    directory = out_dir / CHECKPOINT
-    model, tokenizer = load_checkpoint(directory, dtype=getattr(torch, config.model.dtype))
-    optimizers = _optimizers(model, config)
-    saved = torch.load(directory / "optimizers.pt", weights_only=True)
-    for name, opt in optimizers.items():
-        opt.load_state_dict(saved[name])
-    state = RunState(**json.loads((directory / "run_state.json").read_text()))
-    return model, tokenizer, optimizers, state
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -544,7 +461,7 @@ class Logger:
             self.wandb.finish()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Run:
     """What one training run holds on to between iterations."""
 
@@ -552,8 +469,8 @@ class Run:
     model: ActorCritic
     tokenizer: Any
     optimizers: dict
-    algo: Algorithm
-    settings: dict
+    algo: BoundAlgorithm  # the algorithm with its hyperparameters
+    rollout: RolloutSettings  # how episodes are played
     reference: torch.nn.Module | None  # a frozen initial actor; None with LoRA (adapters off) or no KL
     accelerator: Any = None
     trainable: torch.nn.Module | None = None  # ``model`` as the accelerator prepared it (DDP-wrapped on >1 process)
@@ -567,9 +484,7 @@ def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, flo
     backend = HFBackend(model.actor, tokenizer, batch_size=len(envs))
     tasks, group = batch_shape(config)
     trajectories = collect(
-        envs, backend, tokenizer, tasks_per_batch=tasks, group_size=group,
-        max_action_tokens=config.rollout.max_action_tokens, max_prompt_tokens=config.rollout.max_prompt_tokens,
-        state=config.rollout.state, window=config.rollout.window, temperature=config.rollout.temperature,
+        envs, backend, tokenizer, run.rollout, tasks_per_batch=tasks, group_size=group,
         seed=iteration_seed(config.seed, iteration, salt=104_729 * rank),  # each process its own tasks
         task_pool=run.task_pool,
     )
@@ -582,16 +497,13 @@ def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, flo
     batch.action_id = torch.arange(batch.num_actions)
     batch = batch.to(backend.device)
     final_value = final_values(model, trajectories, batch, backend.pad_id) if algo.needs_critic else None
-    targets = compute_targets(
-        model, algo, config.algo_overrides, batch, final_value, run.reference, config.rollout.temperature
-    )
+    targets = compute_targets(model, algo, batch, final_value, run.reference, config.rollout.temperature)
     if targets.old_values is not None and targets.returns is not None:
         mask = batch.action_mask.bool() if targets.returns.dim() == 2 else torch.ones_like(targets.returns, dtype=torch.bool)
         record["critic/explained_variance"] = explained_variance(targets.old_values[mask], targets.returns[mask])
     generator = torch.Generator().manual_seed(iteration_seed(config.seed, iteration, salt=1))
     update_start = time.perf_counter()
-    record |= update(run.trainable or model, run.optimizers, algo, run.settings, batch, targets, config, generator,
-                     accelerator)
+    record |= update(run.trainable or model, run.optimizers, algo, batch, targets, config, generator, accelerator)
     update_s = time.perf_counter() - update_start
     tokens = float(batch.action_mask.sum())
     record |= {
@@ -619,7 +531,7 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     report.say(f"{config.algo} on {config.env.id}, {config.iterations} iterations, run folder {out_dir}")
-    algo, settings = algorithm_settings(config)
+    algo = get(config.algo).bind(config.algo_overrides)  # registry defaults + overrides, merged once
     # The envs first: a bad env id or kwargs fails here, in seconds, not after the model has loaded.
     train_envs = make_envs(config, config.env.train_split, math.prod(batch_shape(config)))
     eval_envs = make_envs(config, config.env.eval_split, min(config.eval_episodes, 16))
@@ -628,7 +540,8 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
         warnings.warn(f"{config.env.id} takes no split: the held-out tasks are also training tasks", stacklevel=2)
     auto_lr = config.optim.actor_lr is None
     if resume and (out_dir / CHECKPOINT).is_dir():
-        model, tokenizer, optimizers, state = restore(out_dir, config)
+        model, tokenizer, optimizers, state = load_run(out_dir, lambda m: _optimizers(m, config),
+                                                       dtype=getattr(torch, config.model.dtype))
         report.say(f"resuming from the checkpoint after iteration {state.iteration}")
     else:
         report.say(f"loading the model {config.model.path}" if model is None else "model given")
@@ -639,9 +552,11 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
     trainable, *prepared = accelerator.prepare(model, *optimizers.values())
     optimizers = dict(zip(optimizers, prepared))
     reference = None
-    if settings.get("kl_coef", 0.0) > 0 and not model.uses_lora:
+    if algo.kl_coef > 0 and not model.uses_lora:
         reference = load_reference(model.meta["base"], dtype=getattr(torch, config.model.dtype)).to(accelerator.device)
-    run = Run(config, model, tokenizer, optimizers, algo, settings, reference, accelerator, trainable, task_pool)
+    run = Run(config=config, model=model, tokenizer=tokenizer, optimizers=optimizers, algo=algo,
+              rollout=RolloutSettings.from_config(config.rollout), reference=reference, accelerator=accelerator,
+              trainable=trainable, task_pool=task_pool)
     logger = Logger(out_dir, config, state.history) if main else None
     if auto_lr:
         kind = "LoRA" if model.uses_lora else "full fine-tune"
@@ -649,7 +564,7 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
 
     def checkpoint() -> None:
         if main:
-            save(out_dir, model, tokenizer, optimizers, state, config)
+            save_run(out_dir, model, tokenizer, optimizers, state, to_dict(config))
         accelerator.wait_for_everyone()
 
     def log(record: dict) -> None:

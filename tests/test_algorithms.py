@@ -15,6 +15,7 @@ from capo_train.algorithms import (
     action_log_ratio,
     action_ppo_loss,
     apply_kl_in_reward,
+    approx_kls,
     entropy_from_logits,
     entropy_loss,
     get,
@@ -179,7 +180,7 @@ def test_reinforce_pp_hand_worked():
     close(est.returns, [[0.7, 0.75, 0.85], [0.0, 0.0, 0.0]])
     close(est.advantages, whiten(est.returns, b.response_mask))
     # the registry applies the k1 penalty itself (kl_coef 0.001 by default)
-    est2 = get("reinforce_pp").estimate(b, kl_coef=0.5)
+    est2 = get("reinforce_pp").bind({"kl_coef": 0.5}).estimate(b)
     close(est2.returns, est.returns)
 
 
@@ -238,7 +239,7 @@ def test_estimators_ignore_row_order(name):
     perm = torch.randperm(B, generator=gen)
     shuffled = StepBatch(**{k: v if v is None else v[perm] if isinstance(v, torch.Tensor) else [v[i] for i in perm]
                             for k, v in vars(b).items()})
-    alg = get(name)
+    alg = get(name).bind()
     a, s = alg.estimate(b), alg.estimate(shuffled)
     close(s.advantages, a.advantages[perm], tol=1e-9)
     close(s.returns, a.returns[perm], tol=1e-9)
@@ -350,6 +351,23 @@ def test_token_ppo_loss_hand_worked():
     close(token_ppo_loss(logp, old, A, mask, dual_clip=None)[0], (2.3 / 3 - 1) / 2)
     loss.backward()  # clipped and dual-clipped tokens: zero gradient; tok1 and row 1 token: -A r / L / B
     close(logp.grad, [[0, -0.5 / 3 / 2, 0], [-1 / 2, 0, 0]])
+
+
+def test_both_losses_log_cleanrls_two_kl_estimates():
+    # logratio = logp - old_logp on the 3 action tokens: [.1, -.2, .3] (padding holds NaN)
+    #   old_approx_kl = mean(-logratio) = -.2/3
+    #   approx_kl = mean(e^x - 1 - x) = (.0051709181 + .0187307531 + .0498588076)/3 = .0245868263
+    nan = float("nan")
+    logp = torch.tensor([[0.1, -0.2], [0.3, nan]])
+    old = torch.tensor([[0.0, 0.0], [0.0, nan]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    for _, diag in (action_ppo_loss(logp, old, t(1, -1), mask), token_ppo_loss(logp, old, t(1, -1), mask)):
+        close(diag["old_approx_kl"], -0.2 / 3)
+        close(diag["approx_kl"], 0.0245868263)
+    # on-policy both are 0; far off-policy approx_kl stays >= 0 while old_approx_kl can go negative
+    close(approx_kls(old, old, mask)["approx_kl"], 0.0)
+    moved = approx_kls(torch.tensor([[2.0, 0.0], [0.0, 0.0]]), torch.zeros(2, 2), mask)
+    assert moved["old_approx_kl"] < 0 < moved["approx_kl"]
 
 
 def test_value_losses_hand_worked():
@@ -517,13 +535,37 @@ def test_registry_names_and_defaults():
 def test_registry_errors_and_overrides():
     with pytest.raises(KeyError, match="capo.*grpo"):
         get("nope")
-    with pytest.raises(TypeError, match="unknown hyperparameter"):
-        get("capo").estimate(_two_traj_batch(), gama=0.9)
-    est = get("capo").estimate(_two_traj_batch(), gamma=0.99, whiten_advantages=False)
+    with pytest.raises(ValueError, match="unknown hyperparameter"):
+        get("capo").bind({"gama": 0.9})
+    est = get("capo").bind({"gamma": 0.99, "whiten_advantages": False}).estimate(_two_traj_batch())
     close(est.advantages, [0.5, 0.79, 0.4801, 0.8, 0.49])
-    # policy_loss_fn passes the ratio mode and clip defaults
+    # the bound loss gets the ratio mode and the clip (defaults, then overrides)
     logp = torch.tensor([[0.1] * 4, [-0.2, 0, 0, 0]])
     mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]])
-    l1, _ = get("capo").policy_loss_fn(logp, torch.zeros(2, 4), t(1, 2), mask, clip_low=0.1, clip_high=0.1)
+    capo = get("capo").bind({"clip_low": 0.1, "clip_high": 0.1})
+    l1, _ = capo.policy_loss(logp, torch.zeros(2, 4), t(1, 2), mask)
     l2, _ = action_ppo_loss(logp, torch.zeros(2, 4), t(1, 2), mask, clip_low=0.1, clip_high=0.1)
     close(l1, l2)
+    assert dict(capo.loss_kwargs) == {"ratio_mode": "capo", "clip_low": 0.1, "clip_high": 0.1, "token_scale": "exact"}
+    geomean = get("capo").bind({"ratio_mode": "geomean"})
+    l3, _ = geomean.policy_loss(logp, torch.zeros(2, 4), t(1, 2), mask)
+    close(l3, action_ppo_loss(logp, torch.zeros(2, 4), t(1, 2), mask, ratio_mode="geomean")[0])
+
+
+def test_bind_merges_once_drops_keys_of_other_algorithms_and_is_frozen():
+    import dataclasses
+
+    grpo = get("grpo").bind({"whiten_std_floor": 0.1, "gamma": 0.5, "eps": 1e-3, "clip_high": 0.3})
+    assert "whiten_std_floor" not in grpo.settings and "gamma" not in grpo.settings  # capo's keys: dropped
+    assert dict(grpo.estimator_kwargs) == {"eps": 1e-3}  # GRPO's own estimator key
+    assert dict(grpo.loss_kwargs) == {"clip_low": 0.2, "clip_high": 0.3, "dual_clip": 3.0}
+    capo = get("capo").bind({"whiten_std_floor": 0.1, "kl_coef": 0.0})
+    assert capo.estimator_kwargs["whiten_std_floor"] == 0.1 and capo.kl_coef == 0.0
+    assert "whiten_std_floor" not in capo.loss_kwargs and "gamma" not in capo.loss_kwargs
+    assert get("capo").defaults["kl_coef"] == 0.001  # binding changes no registry default
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        capo.settings = {}
+    with pytest.raises(TypeError):
+        capo.settings["gamma"] = 0.5  # read-only
+    with pytest.raises(TypeError):
+        get("capo").bind(gamma=0.5)  # overrides are one mapping, not keywords

@@ -22,7 +22,7 @@ from capo_train.backends.hf import HFBackend
 from capo_train.backends.openai import OpenAIBackend, OpenAIBackendError
 from capo_train.backends.server import DEFAULT_MAX_MODEL_LEN, CompletionServer, serve
 from capo_train.models import make_tiny_llama
-from capo_train.rollout import collect
+from capo_train.rollout import RolloutSettings, collect
 
 MODEL = "tiny"
 TEXTS = ["Question: where is the capital?", "<search>Paris</search>", "The answer is", "Hello there, friend"]
@@ -106,8 +106,8 @@ def test_rollout_through_the_server(tiny, client):
 
     def run(backend):
         envs = [gym.make("capo/SynthHop-v0", size="tiny", k=1, max_passage_chars=40, max_steps=2) for _ in range(3)]
-        return collect(envs, backend, tokenizer, tasks_per_batch=3, group_size=1, max_action_tokens=6,
-                       max_prompt_tokens=4000, greedy=True, seed=11)
+        settings = RolloutSettings(max_action_tokens=6, max_prompt_tokens=4000, greedy=True)
+        return collect(envs, backend, tokenizer, settings, tasks_per_batch=3, group_size=1, seed=11)
 
     remote, local = run(client), run(HFBackend(model, tokenizer, batch_size=3))
     assert sum(len(t.actions) for t in remote) >= 3 and all(t.terminated or t.truncated for t in remote)

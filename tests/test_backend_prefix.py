@@ -10,7 +10,7 @@ import torch
 import capo_envs  # noqa: F401
 from capo_train.backends.hf import HFBackend
 from capo_train.models import make_tiny_llama
-from capo_train.rollout import collect
+from capo_train.rollout import RolloutSettings, collect
 from capo_train.rows import build_rows, gather_actions, token_logprobs
 
 
@@ -23,8 +23,8 @@ def tiny():
 def rollout(model, tokenizer, reuse: bool, greedy: bool):
     envs = [gym.make("capo/SynthHop-v0", size="tiny", k=1, max_passage_chars=40) for _ in range(3)]
     backend = HFBackend(model, tokenizer, batch_size=3, reuse_prefixes=reuse)
-    trajectories = collect(envs, backend, tokenizer, tasks_per_batch=3, group_size=1, max_action_tokens=6,
-                           max_prompt_tokens=4000, greedy=greedy, seed=11)
+    settings = RolloutSettings(max_action_tokens=6, max_prompt_tokens=4000, greedy=greedy)
+    trajectories = collect(envs, backend, tokenizer, settings, tasks_per_batch=3, group_size=1, seed=11)
     return trajectories, backend
 
 

@@ -46,14 +46,18 @@ def test_parse_overrides_nests():
 
 
 def test_algo_overrides_another_algorithm_uses_are_dropped_typos_are_errors():
-    from capo_train.trainer import algorithm_settings
+    from capo_train.algorithms import get
 
-    _, settings = algorithm_settings(load_config(None, ["algo=capo", "algo_overrides={whiten_std_floor: 0.1}"]))
-    assert settings["whiten_std_floor"] == 0.1
-    _, settings = algorithm_settings(load_config(None, ["algo=grpo", "algo_overrides={whiten_std_floor: 0.1}"]))
-    assert "whiten_std_floor" not in settings  # GRPO does not whiten over the batch
-    with pytest.raises(ValueError, match="gammma"):
-        algorithm_settings(load_config(None, ["algo=capo", "algo_overrides={gammma: 0.9}"]))
+    def bound(*overrides):
+        config = load_config(None, list(overrides))
+        return get(config.algo).bind(config.algo_overrides)
+
+    assert bound("algo=capo", "algo_overrides={whiten_std_floor: 0.1}").settings["whiten_std_floor"] == 0.1
+    assert "whiten_std_floor" not in bound("algo=grpo", "algo_overrides={whiten_std_floor: 0.1}").settings
+    with pytest.raises(ValueError, match="gammma"):  # the config check, before any algorithm is bound
+        bound("algo=capo", "algo_overrides={gammma: 0.9}")
+    with pytest.raises(ValueError, match="gammma"):  # and bind's own, for settings built in code
+        get("capo").bind({"gammma": 0.9})
 
 
 # Each of these used to load (and then run, or fail with a raw traceback later).
@@ -135,10 +139,14 @@ def test_every_config_value_and_algorithm_setting_has_a_range():
 
     own_checks = {"algo", "algo_overrides", "env.id", "env.kwargs"}
     assert set(leaves(TrainConfig())) - own_checks == set(CONFIG_RULES)
+    def keyword_only(fn):
+        return {p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY}
+
     for algo in ALGORITHMS.values():
-        names = set(algo.defaults)
-        for fn in (algo.estimator, algo.policy_loss):
-            names |= {p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY}
+        # the keys the registry routes to each function are exactly the ones it takes
+        assert set(algo.estimator_keys) == keyword_only(algo.estimator), algo.name
+        assert set(algo.loss_keys) == keyword_only(algo.policy_loss), algo.name
+        names = algo.setting_names
         assert names <= set(ALGO_SETTING_RULES), (algo.name, names - set(ALGO_SETTING_RULES))
         load_config(None, [f"algo={algo.name}", f"algo_overrides={algo.defaults}".replace("None", "null")])
 

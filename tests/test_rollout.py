@@ -7,6 +7,8 @@ The central check: every action's recorded old log-probs equal a fresh forward p
 
 from __future__ import annotations
 
+import dataclasses
+
 import gymnasium as gym
 import pytest
 import torch
@@ -15,7 +17,7 @@ from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM, PreTraine
 
 import capo_envs  # noqa: F401  (registers capo/*)
 from capo_train.backends import HFBackend
-from capo_train.rollout import ChatFormat, ConcatState, WindowState, collect, rollout_stats
+from capo_train.rollout import ChatFormat, ConcatState, RolloutSettings, WindowState, collect, rollout_stats
 from capo_train.rows import build_rows, gather_actions, token_logprobs
 
 CHATML = (
@@ -214,8 +216,13 @@ def envs():
 
 
 def run(envs, model, tokenizer, **kwargs):
-    args = {"tasks_per_batch": 2, "group_size": 2, "max_action_tokens": 16, "max_prompt_tokens": 2048, "seed": 0}
-    return collect(envs, HFBackend(model, tokenizer, batch_size=8), tokenizer, **(args | kwargs))
+    """``collect`` with small defaults; ``kwargs`` may set any ``RolloutSettings`` field or ``collect`` argument."""
+    setting_names = {f.name for f in dataclasses.fields(RolloutSettings)}
+    settings = RolloutSettings(**({"max_action_tokens": 16, "max_prompt_tokens": 2048}
+                                  | {k: v for k, v in kwargs.items() if k in setting_names}))
+    args = {"tasks_per_batch": 2, "group_size": 2, "seed": 0}
+    args |= {k: v for k, v in kwargs.items() if k not in setting_names}
+    return collect(envs, HFBackend(model, tokenizer, batch_size=8), tokenizer, settings, **args)
 
 
 @pytest.fixture(scope="module")
@@ -312,6 +319,23 @@ def test_task_pool_limits_the_tasks_drawn(envs, model, tokenizer):
                     task_pool=pool)
         seen |= {t.task_id for t in trajs}
     assert seen <= set(pool) and len(seen) > 1
+
+
+def test_rollout_settings_come_from_the_config_once():
+    from capo_train.config import load_config
+
+    config = load_config(None, ["rollout.max_action_tokens=7", "rollout.state=window", "rollout.window=3",
+                                "rollout.layout=per_action", "rollout.temperature=0.5"])
+    settings = RolloutSettings.from_config(config.rollout)
+    assert (settings.max_action_tokens, settings.max_prompt_tokens) == (7, config.rollout.max_prompt_tokens)
+    assert (settings.state, settings.window, settings.temperature, settings.greedy) == ("window", 3, 0.5, False)
+    held_out = settings.for_evaluation()  # greedy; the same budgets and states as training
+    assert (held_out.greedy, held_out.temperature, held_out.state, held_out.max_action_tokens) == (True, 1.0, "window", 7)
+    assert not settings.greedy  # a copy: the training settings are unchanged (and frozen)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.greedy = True
+    with pytest.raises(ValueError, match="state must be 'concat' or 'window'"):
+        RolloutSettings(max_action_tokens=4, max_prompt_tokens=10, state="windowed")
 
 
 def test_rollout_stats(concat_trajectories):

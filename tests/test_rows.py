@@ -16,7 +16,14 @@ PAD = 99
 
 def rec(prompt, action, obs, *, valid=True, reward=0.0):
     """An action record whose old log-probs encode the token ids (-id/100), so their placement is visible."""
-    return ActionRecord(prompt, action, [-a / 100 for a in action], reward, valid, obs)
+    return ActionRecord(prompt_ids=prompt, action_ids=action, old_logprobs=[-a / 100 for a in action], reward=reward,
+                        action_valid=valid, obs_ids=obs)
+
+
+def traj(traj_id, task_id, group_id, actions, anchors, *, terminated=True):
+    """A trajectory that ended with ``terminated`` (else truncated), with no metrics."""
+    return Trajectory(traj_id=traj_id, task_id=task_id, group_id=group_id, actions=actions, terminated=terminated,
+                      truncated=not terminated, metrics={}, anchors=anchors)
 
 
 def golden_trajectories() -> list[Trajectory]:
@@ -39,7 +46,7 @@ def golden_trajectories() -> list[Trajectory]:
         metrics={"em": 1.0},
         anchors=["question", "passages", "passages"],
     )
-    t1 = Trajectory(8, "b", 1, [rec([5], [30], [])], False, True, {}, ["other"])
+    t1 = traj(8, "b", 1, [rec([5], [30], [])], ["other"], terminated=False)
     return [t0, t1]
 
 
@@ -101,13 +108,11 @@ def _check_per_action_fields(b):
 
 
 def test_packed_needs_concatenated_states():
-    window_like = Trajectory(
-        0, "a", 0, [rec([1, 2], [10], [20]), rec([1, 3, 20], [11], [])], True, False, {}, ["x", "y"]
-    )
+    window_like = traj(0, "a", 0, [rec([1, 2], [10], [20]), rec([1, 3, 20], [11], [])], ["x", "y"])
     build_rows([window_like], "per_action", pad_id=0)  # fine one row per action
     with pytest.raises(ValueError, match="concatenated states"):
         build_rows([window_like], "packed", pad_id=0)
-    wrong_obs = Trajectory(0, "a", 0, [rec([1], [10], [20]), rec([1, 10, 21], [11], [])], True, False, {}, ["x", "y"])
+    wrong_obs = traj(0, "a", 0, [rec([1], [10], [20]), rec([1, 10, 21], [11], [])], ["x", "y"])
     with pytest.raises(ValueError, match="breaks it at action 0"):
         build_rows([wrong_obs], "packed", pad_id=0)
 
@@ -127,7 +132,7 @@ def test_build_rows_rejects_bad_input():
 
 
 def test_trajectory_without_actions_gives_no_rows():
-    cut = Trajectory(3, "c", 2, [], False, True, {}, [])
+    cut = traj(3, "c", 2, [], [], terminated=False)
     b = build_rows([cut] + golden_trajectories(), "packed", pad_id=PAD)
     assert b.num_rows == 2 and b.num_actions == 4
     assert b.traj_index.tolist() == [1, 1, 1, 2]  # positions in the list given to build_rows
@@ -143,9 +148,7 @@ def test_token_logprobs_alignment():
 @pytest.mark.parametrize("layout", ["per_action", "packed"])
 def test_minibatches_keep_actions_with_their_rows(layout):
     trajs = golden_trajectories() + [
-        Trajectory(
-            9, "b", 1, [rec([6, 7], [31, 32], [40]), rec([6, 7, 31, 32, 40], [33], [])], True, False, {}, ["p", "q"]
-        )
+        traj(9, "b", 1, [rec([6, 7], [31, 32], [40]), rec([6, 7, 31, 32, 40], [33], [])], ["p", "q"])
     ]
     full = build_rows(trajs, layout, pad_id=PAD)
     seen = []
@@ -209,9 +212,10 @@ def _random_concat_trajectories(vocab: int, gen: torch.Generator) -> list[Trajec
         for t in range(steps):
             a = ids(1, 7)
             obs = ids(0, 5) if t < steps - 1 else []
-            actions.append(ActionRecord(state, a, [0.0] * len(a), 0.0, True, obs))
+            actions.append(ActionRecord(prompt_ids=state, action_ids=a, old_logprobs=[0.0] * len(a), reward=0.0,
+                                        action_valid=True, obs_ids=obs))
             state = state + a + obs
-        trajs.append(Trajectory(i, str(i), i // 2, actions, True, False, {}, [""] * steps))
+        trajs.append(traj(i, str(i), i // 2, actions, [""] * steps))
     return trajs
 
 

@@ -10,8 +10,8 @@ import torch
 
 from capo_train.algorithms import ALGORITHMS
 from capo_train.config import load_config
-from capo_train.models import load_checkpoint
-from capo_train.trainer import CHECKPOINT, train
+from capo_train.models import CHECKPOINT, load_checkpoint
+from capo_train.trainer import train
 
 SMALL_RUN = [
     "iterations=2",
@@ -52,6 +52,7 @@ def test_every_algorithm_runs_two_iterations(tiny_model_dir, tmp_path, algo):
             assert math.isfinite(record["critic/loss"])
         if not ALGORITHMS[algo].defaults.get("kl_in_reward"):  # KL as a loss term against the reference
             assert math.isfinite(record["actor/kl_ref"])
+        assert record["actor/approx_kl"] >= 0 and math.isfinite(record["actor/old_approx_kl"])  # CleanRL's pair
         assert "actor/skipped_updates" not in record
 
 
@@ -64,7 +65,7 @@ def test_update_scores_actions_at_the_rollout_temperature(tiny_model_dir, tmp_pa
     record = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[0])
     assert record["actor/ratio_min"] == pytest.approx(1.0, abs=1e-3)
     assert record["actor/ratio_max"] == pytest.approx(1.0, abs=1e-3)
-    assert abs(record["actor/approx_kl"]) < 1e-5
+    assert abs(record["actor/approx_kl"]) < 1e-5 and abs(record["actor/old_approx_kl"]) < 1e-5
 
 
 def test_warm_start_then_rl_with_lora_writes_curve_and_summary(tiny_model_dir, tmp_path):
@@ -114,13 +115,10 @@ def test_resumed_run_matches_an_uninterrupted_one(tiny_model_dir, tmp_path):
 
 
 def test_nan_loss_skips_the_update_and_keeps_the_weights(tiny_model_dir, tmp_path, monkeypatch):
-    from capo_train.algorithms import registry
+    import dataclasses
 
-    capo = ALGORITHMS["capo"]
-    broken = registry.Algorithm(
-        capo.name, capo.estimator, lambda *a, **k: (torch.tensor(float("nan"), requires_grad=True), {}),
-        capo.needs_critic, capo.critic_at, capo.ratio_mode, capo.defaults,
-    )
+    nan_loss = lambda *a, **k: (torch.tensor(float("nan"), requires_grad=True), {})  # noqa: E731
+    broken = dataclasses.replace(ALGORITHMS["capo"], policy_loss=nan_loss)
     monkeypatch.setitem(ALGORITHMS, "capo", broken)
     config = config_for(tiny_model_dir, tmp_path, "iterations=1", "sft.episodes=0", "eval_every=0", "model.lora=false")
     before = {k: v.clone() for k, v in load_checkpoint_free_weights(tiny_model_dir).items()}

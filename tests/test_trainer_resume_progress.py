@@ -29,18 +29,18 @@ def test_kill_between_log_and_checkpoint_leaves_each_iteration_once(tiny_model_d
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     train(config_for(tiny_model_dir, whole), progress=False)
 
-    real_save = trainer.save
+    real_save = trainer.save_run
 
     def killed_while_saving(out_dir, model, tokenizer, optimizers, state, config):
         if state.iteration == 2:  # iteration 2 is in log.jsonl; its checkpoint is never written
             raise KeyboardInterrupt
         return real_save(out_dir, model, tokenizer, optimizers, state, config)
 
-    monkeypatch.setattr(trainer, "save", killed_while_saving)
+    monkeypatch.setattr(trainer, "save_run", killed_while_saving)
     with pytest.raises(KeyboardInterrupt):
         train(config_for(tiny_model_dir, killed), progress=False)
     assert [r["iteration"] for r in log_records(killed)] == [0, 1, 2]  # what the kill leaves behind
-    monkeypatch.setattr(trainer, "save", real_save)
+    monkeypatch.setattr(trainer, "save_run", real_save)
 
     train(config_for(tiny_model_dir, killed), resume=True, progress=False)
     assert [r["iteration"] for r in log_records(killed)] == [0, 1, 2]

@@ -1,18 +1,19 @@
 """The algorithm core of capo_train: advantage estimators, ratios and losses, and a registry by name.
 
 Pure torch: no environment, model or tokenizer code, so every function can be called (and tested) on
-small hand-made tensors. Shapes: ``B`` step rows (one action each), ``L`` padded action length,
-``N`` trajectories, ``T`` steps per trajectory. See ``estimators.py`` and ``losses.py`` for the
-conventions and ``registry.py`` for the algorithms (capo, ppo, grpo, rloo, reinforce_pp,
-reinforce_pp_baseline, gspo, gigpo, capo_no_action_credit, capo_no_action_ratio).
+small hand-made tensors. Everything here is per action (one LLM response = one env step; the
+trainer's model-input rows are ``capo_train.rows``' business). Shapes: ``A`` actions, ``L`` padded action
+length in tokens (``[A, L]``: action tokens), ``N`` trajectories, ``T`` actions per trajectory. See
+``estimators.py`` and ``losses.py`` for the conventions and ``registry.py`` for the algorithms (capo, ppo,
+grpo, rloo, reinforce_pp, reinforce_pp_baseline, gspo, gigpo, capo_no_action_credit, capo_no_action_ratio).
 
 A CAPO update, in the trainer's words::
 
-    alg = get("capo")
+    alg = get("capo").bind({"gamma": 0.95})  # registry defaults + overrides, merged once
     adv, ret = alg.estimate(StepBatch(reward, traj_index, step_index, values=boundary_values))
-    loss, info = alg.policy_loss_fn(logp, old_logp, adv, response_mask)       # action-level clip
-    loss = loss + alg.defaults["kl_coef"] * kl_loss(logp, ref_logp, response_mask)[0]
-    critic_loss, _ = value_loss(new_values, boundary_values, ret)             # one value per row
+    loss, info = alg.policy_loss(logp, old_logp, adv, response_mask)          # action-level clip
+    loss = loss + alg.kl_coef * kl_loss(logp, ref_logp, response_mask)[0]
+    critic_loss, _ = value_loss(new_values, boundary_values, ret)             # one value per action
 """
 
 from .estimators import (
@@ -27,7 +28,8 @@ from .losses import (
     action_log_ratio,
     action_ppo_loss,
     agg_loss,
-    broadcast_rows,
+    approx_kls,
+    broadcast_actions,
     entropy_from_logits,
     entropy_loss,
     kl_loss,
@@ -38,11 +40,12 @@ from .losses import (
     token_value_loss,
     value_loss,
 )
-from .registry import ALGORITHMS, Algorithm, get, register
+from .registry import ALGORITHMS, Algorithm, BoundAlgorithm, get, register
 
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
+    "BoundAlgorithm",
     "Estimate",
     "StepBatch",
     "action_gae",
@@ -50,7 +53,8 @@ __all__ = [
     "action_ppo_loss",
     "agg_loss",
     "apply_kl_in_reward",
-    "broadcast_rows",
+    "approx_kls",
+    "broadcast_actions",
     "discounted_cumsum",
     "entropy_from_logits",
     "entropy_loss",

@@ -1,20 +1,21 @@
-"""Advantage estimators for step rows: CAPO's action-level GAE and the baselines of spec section 6.
+"""Advantage estimators over actions: CAPO's action-level GAE and the baselines it is compared with.
 
-Data layout (spec 1.1): every environment step of every trajectory is its own training row.
-``B`` = number of rows, ``L`` = padded action (response) length, ``N`` = number of trajectories,
-``T`` = most steps in one trajectory. Rows may come in any order: estimators place them by
-``(traj_index, step_index)`` and every result is per row, so shuffling rows shuffles the results
-the same way and changes nothing else.
+An action is one LLM response, i.e. one environment step (the authors' code makes each one its own
+training row; ``capo_train.rows`` may pack a whole trajectory into one model-input row instead, which the
+estimators never see). Shapes: ``A`` = number of actions, ``L`` = padded action length in tokens,
+``N`` = number of trajectories, ``T`` = most actions in one trajectory. Actions may come in any order:
+estimators place them by ``(traj_index, step_index)`` and every result is per action, so shuffling the
+actions shuffles the results the same way and changes nothing else.
 
 An estimator is ``fn(batch: StepBatch, **hyperparameters) -> Estimate`` where ``Estimate.advantages``
-is ``[B]`` (one advantage per action, for action-level estimators: capo, grpo, rloo,
-reinforce_pp_baseline, gigpo) or ``[B, L]`` (per action token: ppo's token GAE, reinforce_pp), and
+is ``[A]`` (one advantage per action, for action-level estimators: capo, grpo, rloo,
+reinforce_pp_baseline, gigpo) or ``[A, L]`` (per action token: ppo's token GAE, reinforce_pp), and
 ``Estimate.returns`` has the same shape (critic targets for critic methods; the Monte-Carlo quantity the
 advantage was built from otherwise). Policy losses take either shape. Estimators run under
 ``torch.no_grad``: advantages never carry gradient.
 
 KL in the reward (RLOO, REINFORCE++): :func:`apply_kl_in_reward` subtracts ``kl_coef * k1`` from the
-token rewards before the estimator runs (``Algorithm.estimate`` does it when ``kl_in_reward`` is set).
+token rewards before the estimator runs (``BoundAlgorithm.estimate`` does it when ``kl_in_reward`` is set).
 """
 
 from __future__ import annotations
@@ -28,25 +29,25 @@ from torch import Tensor
 
 @dataclass
 class StepBatch:
-    """The estimator input: one entry per step row (``[B]``) or per action token (``[B, L]``).
+    """The estimator input: one entry per action (``[A]``) or per action token (``[A, L]``).
 
     Required:
-      reward       [B] float  step reward r_t (sum of the row's token rewards).
-      traj_index   [B] int    trajectory id (any integers; rows of one trajectory share it).
-      step_index   [B] int    step position inside the trajectory (0..T_i-1; only the order matters).
+      reward       [A] float  step reward r_t (sum of the action's token rewards).
+      traj_index   [A] int    trajectory id (any integers; the actions of one trajectory share it).
+      step_index   [A] int    the action's position inside its trajectory (0..T_i-1; only the order matters).
     Needed by some estimators:
-      group_index  [B] int    task id; the trajectories of one task form a group (grpo, rloo, gigpo, ...).
-                              Must be the same on every row of a trajectory.
-      values       [B] float  critic value at the action boundary, V(s_t) (capo, capo_no_action_ratio).
-      truncated    [B] bool   True on the rows of a trajectory that ended by truncation (max steps);
+      group_index  [A] int    task id; the trajectories of one task form a group (grpo, rloo, gigpo, ...).
+                              Must be the same on every action of a trajectory.
+      values       [A] float  critic value at the action boundary, V(s_t) (capo, capo_no_action_ratio).
+      truncated    [A] bool   True on the actions of a trajectory that ended by truncation (max steps);
                               None = every trajectory terminated.
-      final_value  [B] float  critic value of the state AFTER the trajectory's last action; read only on
-                              the last row of truncated trajectories (bootstrapping).
-      response_mask [B, L]    1 on action tokens (ppo, reinforce_pp, token whitening, kl_in_reward).
-      token_values [B, L]     critic value before each action token (ppo); token_values[:, 0] = V(s_t).
-      token_rewards [B, L]    per-token rewards; default: ``reward`` placed on the row's last action token.
-      token_kl     [B, L]     k1 = old_logp - ref_logp per action token (for kl_in_reward).
-      anchor       [B]        hashable anchor-observation key per row (gigpo), e.g. a string or int.
+      final_value  [A] float  critic value of the state AFTER the trajectory's last action; read only on
+                              the last action of truncated trajectories (bootstrapping).
+      response_mask [A, L]    1 on action tokens (ppo, reinforce_pp, token whitening, kl_in_reward).
+      token_values [A, L]     critic value before each action token (ppo); token_values[:, 0] = V(s_t).
+      token_rewards [A, L]    per-token rewards; default: ``reward`` placed on the action's last token.
+      token_kl     [A, L]     k1 = old_logp - ref_logp per action token (for kl_in_reward).
+      anchor       [A]        hashable anchor-observation key per action (gigpo), e.g. a string or int.
     """
 
     reward: Tensor
@@ -64,7 +65,7 @@ class StepBatch:
 
 
 class Estimate(NamedTuple):
-    """Estimator output: ``advantages`` and ``returns``, both ``[B]`` or both ``[B, L]``."""
+    """Estimator output: ``advantages`` and ``returns``, both ``[A]`` or both ``[A, L]``."""
 
     advantages: Tensor
     returns: Tensor | None
@@ -77,8 +78,8 @@ def whiten(values: Tensor, mask: Tensor | None = None, eps: float = 1e-8, std_fl
     """Masked whitening ``(x - mean) / (max(std, std_floor) + eps)`` with torch's unbiased std; 0 outside
     the mask.
 
-    Any shape; the statistics are over all masked entries together (step level for ``[B]`` row
-    advantages, token level for ``[B, L]``). With 0 or 1 entry the std is taken as 0 (not NaN), so a
+    Any shape; the statistics are over all masked entries together (action level for ``[A]``
+    advantages, token level for ``[A, L]``). With 0 or 1 entry the std is taken as 0 (not NaN), so a
     single entry whitens to 0. ``std_floor`` (0: plain whitening, the paper's): a batch in which every
     episode failed has advantages that are only critic noise (~1e-3 from a fresh value head), which plain
     whitening blows up to unit scale, so the actor takes full-size steps in random directions; a floor
@@ -108,41 +109,41 @@ def discounted_cumsum(x: Tensor, mask: Tensor, discount: float) -> Tensor:
 
 
 def _trajectory_layout(traj_index: Tensor, step_index: Tensor) -> tuple[Tensor, Tensor, int, int]:
-    """Where each row sits in a padded ``[N, T]`` trajectory grid.
+    """Where each action sits in a padded ``[N, T]`` trajectory grid.
 
-    Returns ``traj [B]`` (0..N-1, trajectories numbered by sorted id), ``pos [B]`` (0..T_i-1, rank of
-    the row's step_index inside its trajectory), ``N`` and ``T``. Depends only on the (id, step) pairs,
-    never on row order. Raises on a repeated (traj, step) pair.
+    Returns ``traj [A]`` (0..N-1, trajectories numbered by sorted id), ``pos [A]`` (0..T_i-1, rank of
+    the action's step_index inside its trajectory), ``N`` and ``T``. Depends only on the (id, step) pairs,
+    never on the order of the actions. Raises on a repeated (traj, step) pair.
     """
-    B = traj_index.shape[0]
-    _, traj = torch.unique(traj_index, return_inverse=True)  # [B]
-    N = int(traj.max()) + 1 if B else 0
+    A = traj_index.shape[0]
+    _, traj = torch.unique(traj_index, return_inverse=True)  # [A]
+    N = int(traj.max()) + 1 if A else 0
     order = torch.argsort(step_index, stable=True)
-    order = order[torch.argsort(traj[order], stable=True)]  # rows sorted by (traj, step)
+    order = order[torch.argsort(traj[order], stable=True)]  # actions sorted by (traj, step)
     t_sorted, s_sorted = traj[order], step_index[order]
-    if B > 1 and ((t_sorted[1:] == t_sorted[:-1]) & (s_sorted[1:] == s_sorted[:-1])).any():
-        raise ValueError("two rows share the same (traj_index, step_index)")
+    if A > 1 and ((t_sorted[1:] == t_sorted[:-1]) & (s_sorted[1:] == s_sorted[:-1])).any():
+        raise ValueError("two actions share the same (traj_index, step_index)")
     counts = torch.bincount(traj, minlength=N)  # [N] steps per trajectory
     starts = torch.cumsum(counts, 0) - counts  # [N] first sorted position of each trajectory
     pos = torch.empty_like(traj)
-    pos[order] = torch.arange(B, device=traj.device) - starts[t_sorted]
-    T = int(counts.max()) if B else 0
+    pos[order] = torch.arange(A, device=traj.device) - starts[t_sorted]
+    T = int(counts.max()) if A else 0
     return traj, pos, N, T
 
 
 def _to_grid(x: Tensor, traj: Tensor, pos: Tensor, N: int, T: int) -> Tensor:
-    """Rows ``[B]`` -> padded trajectories ``[N, T]`` (0 on padding)."""
+    """Per action ``[A]`` -> padded trajectories ``[N, T]`` (0 on padding)."""
     grid = torch.zeros(N, T, dtype=x.dtype, device=x.device)
     grid[traj, pos] = x
     return grid
 
 
 def _per_trajectory(x: Tensor, traj: Tensor, N: int, what: str) -> Tensor:
-    """A per-row quantity that must be constant within a trajectory ``[B]`` -> ``[N]``."""
+    """A per-action quantity that must be constant within a trajectory ``[A]`` -> ``[N]``."""
     out = torch.zeros(N, dtype=x.dtype, device=x.device)
     out[traj] = x
     if not torch.equal(out[traj], x):
-        raise ValueError(f"{what} must be the same on every row of a trajectory")
+        raise ValueError(f"{what} must be the same on every action of a trajectory")
     return out
 
 
@@ -152,7 +153,7 @@ def _last_values(batch: StepBatch, traj: Tensor, pos: Tensor, N: int, bootstrap_
     if batch.truncated is None or not bootstrap_truncated:
         return last_value
     counts = torch.bincount(traj, minlength=N)
-    is_last = pos == counts[traj] - 1  # [B]
+    is_last = pos == counts[traj] - 1  # [A]
     truncated_last = is_last & batch.truncated.bool()
     if truncated_last.any():
         if batch.final_value is None:
@@ -176,15 +177,15 @@ def _group_mean_std(x: Tensor, group: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _token_rewards(batch: StepBatch) -> Tensor:
-    """``[B, L]`` token rewards: ``batch.token_rewards``, or the step reward on the last action token.
+    """``[A, L]`` token rewards: ``batch.token_rewards``, or the step reward on the last action token.
 
-    A row with no action token has nowhere to put its reward; it is dropped (token-level estimators only).
+    An action with no token has nowhere to put its reward; it is dropped (token-level estimators only).
     """
     mask = _require(batch, "response_mask").bool()
     if batch.token_rewards is not None:
         return torch.where(mask, batch.token_rewards, 0)
     L = mask.shape[-1]
-    last = (mask * torch.arange(1, L + 1, device=mask.device)).argmax(-1)  # [B] last action token
+    last = (mask * torch.arange(1, L + 1, device=mask.device)).argmax(-1)  # [A] last action token
     rewards = torch.zeros(mask.shape, dtype=batch.reward.dtype, device=mask.device)
     rewards[torch.arange(mask.shape[0], device=mask.device), last] = batch.reward
     return torch.where(mask, rewards, 0)
@@ -200,13 +201,13 @@ def _require(batch: StepBatch, name: str):
 def apply_kl_in_reward(batch: StepBatch, kl_coef: float) -> StepBatch:
     """KL as a reward penalty (verl ``apply_kl_penalty``): ``r_{t,j} <- r_{t,j} - kl_coef * token_kl_{t,j}``.
 
-    ``token_kl [B, L]`` should be k1 = old_logp - ref_logp. Returns a new batch whose ``token_rewards``
-    are penalised and whose step ``reward [B]`` is their row sum, so row-level estimators (rloo) see
-    the penalty too.
+    ``token_kl [A, L]`` should be k1 = old_logp - ref_logp. Returns a new batch whose ``token_rewards``
+    are penalised and whose step ``reward [A]`` is their sum over the action, so action-level estimators
+    (rloo) see the penalty too.
     """
     kl = _require(batch, "token_kl")
     mask = _require(batch, "response_mask").bool()
-    token_rewards = _token_rewards(batch) - kl_coef * torch.where(mask, kl, 0)  # [B, L]
+    token_rewards = _token_rewards(batch) - kl_coef * torch.where(mask, kl, 0)  # [A, L]
     return replace(batch, token_rewards=token_rewards, reward=token_rewards.sum(-1))
 
 
@@ -217,7 +218,8 @@ def apply_kl_in_reward(batch: StepBatch, kl_coef: float) -> StepBatch:
 def action_gae(
     rewards: Tensor, values: Tensor, mask: Tensor, last_value: Tensor, gamma: float, lam: float
 ) -> tuple[Tensor, Tensor]:
-    """GAE along the action (step) axis of padded trajectories (spec 1.3).
+    """GAE along the action (step) axis of padded trajectories (CAPO paper, Fig. 2(b); the authors' code,
+    AgentR1/CAPO arft/core_algos.py, ``compute_gae_advantage_return``).
 
     Shapes: ``rewards, values, mask [N, T]`` (mask 1 on real actions, left-aligned), ``last_value [N]``.
     ``values[:, t]`` = V(s_t), the critic before action t. ``last_value[i]`` = value of the state after
@@ -237,8 +239,8 @@ def action_gae(
     N, T = v.shape
     next_v = torch.cat([v[:, 1:], v.new_zeros(N, 1)], dim=1)  # V_{t+1}; 0 after the last real action...
     length = m.sum(-1)
-    rows = (length > 0).nonzero(as_tuple=True)[0]
-    next_v[rows, length[rows] - 1] = last_value.to(v.dtype)[rows]  # ...replaced by last_value there
+    nonempty = (length > 0).nonzero(as_tuple=True)[0]
+    next_v[nonempty, length[nonempty] - 1] = last_value.to(v.dtype)[nonempty]  # ...replaced by last_value there
     delta = torch.where(m, r + gamma * next_v - v, 0)
     advantages = discounted_cumsum(delta, m, gamma * lam)
     returns = torch.where(m, advantages + v, 0)
@@ -255,14 +257,17 @@ def capo(
     whiten_advantages: bool = True,
     whiten_std_floor: float = 0.0,
 ) -> Estimate:
-    """CAPO / StepPO credit assignment: action-level GAE with the boundary critic (spec 1.2-1.4).
+    """CAPO / StepPO credit assignment: action-level GAE with the boundary critic (CAPO paper, Fig. 2(b);
+    the authors' code, AgentR1/CAPO arft/core_algos.py, ``gae``: critic value at the last state token,
+    GAE over actions, advantages whitened over actions, then broadcast to the action's tokens).
 
-    Needs ``reward, traj_index, step_index, values [B]`` (and ``truncated, final_value`` to bootstrap).
-    Rows -> ``[N, T]`` by (traj, step), :func:`action_gae`, back to rows; advantages whitened at the step
-    level over all rows (``whiten_advantages``); returns = raw A + V (critic targets, not whitened).
+    Needs ``reward, traj_index, step_index, values [A]`` (and ``truncated, final_value`` to bootstrap).
+    Actions -> ``[N, T]`` by (traj, step), :func:`action_gae`, back to actions; advantages whitened at the
+    action level over all actions (``whiten_advantages``); returns = raw A + V (critic targets, not
+    whitened).
     ``bootstrap_truncated=False`` reproduces the authors' code: V after the last action is 0 even for
     truncated (max-steps) trajectories. ``whiten_std_floor``: see :func:`whiten`. Returns
-    ``Estimate([B], [B])``.
+    ``Estimate([A], [A])``.
     """
     values = _require(batch, "values")
     traj, pos, N, T = _trajectory_layout(batch.traj_index, batch.step_index)
@@ -276,8 +281,10 @@ def capo(
         gamma,
         lam,
     )
-    adv_rows, ret_rows = adv[traj, pos], ret[traj, pos]  # [B], [B]
-    return Estimate(whiten(adv_rows, std_floor=whiten_std_floor) if whiten_advantages else adv_rows, ret_rows)
+    adv_actions, ret_actions = adv[traj, pos], ret[traj, pos]  # [A], [A]
+    if whiten_advantages:
+        adv_actions = whiten(adv_actions, std_floor=whiten_std_floor)
+    return Estimate(adv_actions, ret_actions)
 
 
 # ----------------------------------------------------------------------------- token-level GAE (PPO)
@@ -293,29 +300,30 @@ def ppo(
     whiten_advantages: bool = True,
     whiten_std_floor: float = 0.0,
 ) -> Estimate:
-    """PPO's token GAE over action tokens across steps (spec 6, authors' ``token_gae``).
+    """PPO's token GAE over action tokens across steps (the authors' PPO baseline: AgentR1/CAPO
+    arft/core_algos.py, ``compute_token_gae_advantage_return``).
 
-    Needs ``response_mask, token_values [B, L]`` (+ ``token_rewards`` or step ``reward``). Each
-    trajectory's action tokens are concatenated in step order (observation/prompt tokens are not in the
-    rows, so they are skipped without advancing the recursion), then :func:`action_gae` runs over that
+    Needs ``response_mask, token_values [A, L]`` (+ ``token_rewards`` or step ``reward``). Each
+    trajectory's action tokens are concatenated in step order (observation/prompt tokens are not action
+    tokens, so they are skipped without advancing the recursion), then :func:`action_gae` runs over that
     token sequence with gamma/lam PER TOKEN. The last token of step t bootstraps from the first action
     token value of step t+1 (= that step's boundary value); the trajectory's last token from 0 (or
     ``final_value`` when truncated and ``bootstrap_truncated``). Token-level masked whitening
-    (``whiten_std_floor``: see :func:`whiten`). Returns ``Estimate([B, L], [B, L])``.
+    (``whiten_std_floor``: see :func:`whiten`). Returns ``Estimate([A, L], [A, L])``.
     """
     mask = _require(batch, "response_mask").bool()
     token_values = _require(batch, "token_values")
     token_rewards = _token_rewards(batch)
     traj, pos, N, T = _trajectory_layout(batch.traj_index, batch.step_index)
-    lengths = mask.sum(-1)  # [B]
+    lengths = mask.sum(-1)  # [A]
     grid_len = _to_grid(lengths, traj, pos, N, T)  # [N, T]
-    offset = (torch.cumsum(grid_len, 1) - grid_len)[traj, pos]  # [B] tokens of earlier steps
+    offset = (torch.cumsum(grid_len, 1) - grid_len)[traj, pos]  # [A] tokens of earlier actions
     K = int(grid_len.sum(1).max()) if N else 0  # longest trajectory, in action tokens
-    b, j = mask.nonzero(as_tuple=True)  # every action token (row b, column j)
+    b, j = mask.nonzero(as_tuple=True)  # every action token (action b, column j)
     k = offset[b] + torch.cumsum(mask, -1)[b, j] - 1  # its position in the packed trajectory
     n = traj[b]
 
-    def pack(x: Tensor) -> Tensor:  # [B, L] -> [N, K]
+    def pack(x: Tensor) -> Tensor:  # [A, L] -> [N, K]
         packed = torch.zeros(N, K, dtype=token_values.dtype, device=mask.device)
         packed[n, k] = x[b, j].to(packed.dtype)
         return packed
@@ -334,7 +342,7 @@ def ppo(
 
 
 def _trajectory_returns(batch: StepBatch) -> tuple[Tensor, Tensor, Tensor]:
-    """``R [N]`` = sum of step rewards per trajectory, ``group [N]`` task ids, ``traj [B]`` row -> trajectory."""
+    """``R [N]`` = sum of step rewards per trajectory, ``group [N]`` task ids, ``traj [A]`` action -> trajectory."""
     group_index = _require(batch, "group_index")
     _, traj = torch.unique(batch.traj_index, return_inverse=True)
     N = int(traj.max()) + 1 if traj.numel() else 0
@@ -353,11 +361,12 @@ def _grpo_scores(R: Tensor, group: Tensor, eps: float, norm_by_std: bool) -> Ten
 
 @torch.no_grad()
 def grpo(batch: StepBatch, *, eps: float = 1e-6, norm_by_std: bool = True) -> Estimate:
-    """GRPO: ``A_i = (R_i - mean_G R) / (std_G R + eps)`` over the trajectories of one task (spec 6).
+    """GRPO: ``A_i = (R_i - mean_G R) / (std_G R + eps)`` over the trajectories of one task (as the
+    authors' code runs it: AgentR1/CAPO arft/core_algos.py, ``grpo``).
 
-    ``R_i`` = sum of trajectory i's step rewards; groups are trajectories (not rows) sharing
+    ``R_i`` = sum of trajectory i's step rewards; groups are trajectories (not actions) sharing
     ``group_index``. Singleton group: mean 0, std 1. ``norm_by_std=False`` gives Dr.GRPO-style
-    ``R_i - mean``. Broadcast to every row of the trajectory. Returns ``Estimate([B], R_i per row [B])``.
+    ``R_i - mean``. Broadcast to every action of the trajectory. Returns ``Estimate([A], R_i per action [A])``.
     """
     R, group, traj = _trajectory_returns(batch)
     return Estimate(_grpo_scores(R, group, eps, norm_by_std)[traj], R[traj])
@@ -368,7 +377,7 @@ def rloo(batch: StepBatch) -> Estimate:
     """RLOO: ``A_i = R_i - mean_{j != i} R_j = n/(n-1) (R_i - mean_G R)``; singleton group -> 0.
 
     Usually run on KL-penalised rewards (k1 in reward, coef 0.001; see :func:`apply_kl_in_reward`).
-    Broadcast to every row. Returns ``Estimate([B], R_i per row [B])``.
+    Broadcast to every action. Returns ``Estimate([A], R_i per action [A])``.
     """
     R, group, traj = _trajectory_returns(batch)
     mean, _, n = _group_mean_std(R, group)
@@ -378,38 +387,40 @@ def rloo(batch: StepBatch) -> Estimate:
 
 @torch.no_grad()
 def reinforce_pp(batch: StepBatch, *, gamma: float = 1.0, whiten_std_floor: float = 0.0) -> Estimate:
-    """REINFORCE++ as the authors run it on step rows (spec 6): per-row token returns, global whitening.
+    """REINFORCE++ as the authors run it (AgentR1/CAPO arft/core_algos.py, ``reinforce_plus_plus``): token
+    returns within each action, global whitening.
 
-    ``G_{t,j} = sum_{k >= j} gamma^{k-j} r_{t,k}`` over the row's OWN action tokens (the return does not
-    cross step rows: earlier steps only see their own rewards), then masked whitening over all action
+    ``G_{t,j} = sum_{k >= j} gamma^{k-j} r_{t,k}`` over the action's OWN tokens (the return does not
+    cross actions: earlier steps only see their own rewards), then masked whitening over all action
     tokens of the batch. The token rewards are meant to include ``-kl_coef * k1`` per token: run the batch
-    through :func:`apply_kl_in_reward` first (``Algorithm.estimate`` does), which needs ``token_kl``.
-    Needs ``response_mask``; ``whiten_std_floor``: see :func:`whiten`. Returns ``Estimate([B, L], G [B, L])``.
+    through :func:`apply_kl_in_reward` first (``BoundAlgorithm.estimate`` does), which needs ``token_kl``.
+    Needs ``response_mask``; ``whiten_std_floor``: see :func:`whiten`. Returns ``Estimate([A, L], G [A, L])``.
     """
     mask = _require(batch, "response_mask").bool()
-    G = discounted_cumsum(_token_rewards(batch), mask, gamma)  # [B, L]
+    G = discounted_cumsum(_token_rewards(batch), mask, gamma)  # [A, L]
     return Estimate(whiten(G, mask, std_floor=whiten_std_floor), G)
 
 
 @torch.no_grad()
 def reinforce_pp_baseline(batch: StepBatch, *, whiten_level: str = "token", whiten_std_floor: float = 0.0) -> Estimate:
-    """REINFORCE++-baseline: ``R_i - mean_G R`` (singleton: mean 0), broadcast to rows, global whitening.
+    """REINFORCE++-baseline: ``R_i - mean_G R`` (singleton: mean 0), broadcast to actions, global whitening.
 
-    ``whiten_level="token"`` (default, verl's ``masked_whiten`` of the broadcast ``[B, L]`` scores): the
-    statistics weigh each row by its number of action tokens (needs ``response_mask``);
-    ``"row"``: every row counts once. The advantage is constant over a row's tokens, so the result is
-    returned per row. ``whiten_std_floor``: see :func:`whiten`. Returns ``Estimate([B], R_i per row [B])``.
+    ``whiten_level="token"`` (default, verl's ``masked_whiten`` of the broadcast ``[A, L]`` scores): the
+    statistics weigh each action by its number of tokens (needs ``response_mask``); ``"row"``: every
+    action counts once (one row per action, as in the authors' layout). The advantage is constant over an
+    action's tokens, so the result is returned per action. ``whiten_std_floor``: see :func:`whiten`.
+    Returns ``Estimate([A], R_i per action [A])``.
     """
     R, group, traj = _trajectory_returns(batch)
     mean, _, count = _group_mean_std(R, group)
-    scores = (R - torch.where(count < 2, 0, mean))[traj]  # [B]
+    scores = (R - torch.where(count < 2, 0, mean))[traj]  # [A]
     if whiten_level == "row":
         return Estimate(whiten(scores, std_floor=whiten_std_floor), R[traj])
     if whiten_level != "token":
         raise ValueError(f"whiten_level must be 'token' or 'row', got {whiten_level!r}")
     mask = _require(batch, "response_mask").bool()
-    tok = whiten(torch.where(mask, scores[:, None], 0), mask, std_floor=whiten_std_floor)  # [B, L]
-    adv = tok.sum(-1) / mask.sum(-1).clamp(min=1)  # back to one value per row (rows are constant)
+    tok = whiten(torch.where(mask, scores[:, None], 0), mask, std_floor=whiten_std_floor)  # [A, L]
+    adv = tok.sum(-1) / mask.sum(-1).clamp(min=1)  # back to one value per action (constant over its tokens)
     return Estimate(adv, R[traj])
 
 
@@ -422,34 +433,35 @@ def gigpo(
     eps: float = 1e-6,
     step_norm: str = "mean_std",
 ) -> Estimate:
-    """GiGPO (Feng et al. 2025; spec 6): ``A = A^E + omega * A^S`` per row.
+    """GiGPO (Feng et al. 2025; AgentR1/CAPO arft/core_algos.py, ``gigpo``): ``A = A^E + omega * A^S`` per
+    action.
 
-    ``A^E``: GRPO's episode advantage of the row's trajectory (mean-std, eps 1e-6).
-    ``A^S``: rows of the same task (``group_index``) whose ``anchor`` key is identical form a step group
-    (exact match). Each row's discounted step return ``R_t = sum_k gamma^k r_{t+k}`` (within its
+    ``A^E``: GRPO's episode advantage of the action's trajectory (mean-std, eps 1e-6).
+    ``A^S``: actions of the same task (``group_index``) whose ``anchor`` key is identical form a step group
+    (exact match). Each action's discounted step return ``R_t = sum_k gamma^k r_{t+k}`` (within its
     trajectory; gamma 1 in the authors' scripts, 0.95 in verl-agent) is normalised inside its step group:
     ``(R_t - mean) / (std + eps)`` (``step_norm="mean"``: ``R_t - mean``, verl-agent's default). A
-    singleton step group gives 0 (as in verl-agent: the row minus its own mean).
-    Returns ``Estimate([B], R_t [B])``.
+    singleton step group gives 0 (as in verl-agent: the action minus its own mean).
+    Returns ``Estimate([A], R_t [A])``.
     """
     anchor = _require(batch, "anchor")
-    R_ep, group, traj_of_row = _trajectory_returns(batch)
-    a_episode = _grpo_scores(R_ep, group, eps, True)[traj_of_row]  # [B]
+    R_ep, group, traj_of_action = _trajectory_returns(batch)
+    a_episode = _grpo_scores(R_ep, group, eps, True)[traj_of_action]  # [A]
 
     traj, pos, N, T = _trajectory_layout(batch.traj_index, batch.step_index)
     ones = torch.ones_like(batch.reward, dtype=torch.bool)
     step_return = discounted_cumsum(
         _to_grid(batch.reward, traj, pos, N, T), _to_grid(ones, traj, pos, N, T), gamma
-    )[traj, pos]  # [B]
+    )[traj, pos]  # [A]
 
     keys = anchor.tolist() if isinstance(anchor, Tensor) else list(anchor)
     if len(keys) != batch.reward.shape[0]:
-        raise ValueError("anchor needs one key per row")
+        raise ValueError("anchor needs one key per action")
     ids: dict[tuple, int] = {}
     step_group = torch.tensor(
         [ids.setdefault((g, key), len(ids)) for g, key in zip(batch.group_index.tolist(), keys)],
         device=batch.reward.device,
-    )  # [B] step-group id: (task, anchor)
+    )  # [A] step-group id: (task, anchor)
     mean, std, count = _group_mean_std(step_return, step_group)
     if step_norm == "mean_std":
         a_step = (step_return - mean) / (std + eps)

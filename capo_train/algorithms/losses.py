@@ -2,13 +2,14 @@
 
 Shape conventions (the same in every function):
 
-- ``B``  step rows in the batch (one row = one action = one LLM response of one env step).
-- ``L``  padded response length (action tokens only; prompts/observations are never in the response).
-- ``logp``, ``old_logp``, ``ref_logp``: ``[B, L]`` per-token log-probs of the action tokens under the
+- ``A``  actions in the batch (one action = one LLM response = one env step; however the trainer laid
+  them out as model-input rows, ``capo_train.rows.gather_actions`` hands the losses one entry per action).
+- ``L``  padded action length (action tokens only; prompts/observations are never part of an action).
+- ``logp``, ``old_logp``, ``ref_logp``: ``[A, L]`` per-token log-probs of the action tokens under the
   current, rollout (old) and reference policy. Values at padded positions are ignored (they may be
   anything, even ``-inf``/NaN: every function masks with ``torch.where`` before using them).
-- ``mask``: ``[B, L]`` 1 (or True) on action tokens, 0 on padding. ``L_t = mask[t].sum()``.
-- ``advantages``: ``[B]`` (one per action, broadcast over its tokens) or ``[B, L]`` (per token).
+- ``mask``: ``[A, L]`` 1 (or True) on action tokens, 0 on padding. ``L_t = mask[t].sum()``.
+- ``advantages``: ``[A]`` (one per action, broadcast over its tokens) or ``[A, L]`` (per token).
 
 Every loss returns ``(loss, diagnostics)``: ``loss`` is a scalar tensor to minimise and
 ``diagnostics`` a dict of detached 0-dim tensors (call ``.item()`` when logging; we do not, to avoid a
@@ -16,10 +17,11 @@ device sync per call).
 
 Aggregation modes (``agg``), as in verl's ``agg_loss``:
 
-- ``"seq-mean-token-mean"`` (default everywhere, the authors' setting): mean over rows with ``L_t > 0``
-  of the row's token mean. Every action has weight 1, whatever its length.
+- ``"seq-mean-token-mean"`` (default everywhere, the authors' setting; verl's "seq" is one action here):
+  mean over actions with ``L_t > 0`` of the action's token mean. Every action has weight 1, whatever its
+  length.
 - ``"token-mean"``: mean over all action tokens of the batch (long actions weigh more).
-- ``"seq-mean-token-sum"``: mean over rows of the row's token sum.
+- ``"seq-mean-token-sum"``: mean over actions of the action's token sum.
 """
 
 from __future__ import annotations
@@ -42,48 +44,61 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
 
 
 def agg_loss(loss_mat: Tensor, mask: Tensor, agg: str = "seq-mean-token-mean") -> Tensor:
-    """Aggregate a per-token loss ``[B, L]`` over ``mask [B, L]`` into a scalar (see module doc)."""
+    """Aggregate a per-token loss ``[A, L]`` over ``mask [A, L]`` into a scalar (see module doc)."""
     m = mask.bool()
-    per_token = torch.where(m, loss_mat, 0)  # [B, L]; where, not *, so NaN padding cannot leak
+    per_token = torch.where(m, loss_mat, 0)  # [A, L]; where, not *, so NaN padding cannot leak
     if agg == "token-mean":
         return per_token.sum() / m.sum().clamp(min=1)
-    lengths = m.sum(-1)  # [B]
-    has_tokens = lengths > 0  # [B]; rows without action tokens do not count as actions
-    row_sum = per_token.sum(-1)  # [B]
+    lengths = m.sum(-1)  # [A]
+    has_tokens = lengths > 0  # [A]; an empty action (no token) does not count
+    action_sum = per_token.sum(-1)  # [A]
     if agg == "seq-mean-token-mean":
-        row = row_sum / lengths.clamp(min=1)
+        per_action = action_sum / lengths.clamp(min=1)
     elif agg == "seq-mean-token-sum":
-        row = row_sum
+        per_action = action_sum
     else:
         raise ValueError(f"unknown agg {agg!r}; expected one of {AGG_MODES}")
-    return torch.where(has_tokens, row, 0).sum() / has_tokens.sum().clamp(min=1)
+    return torch.where(has_tokens, per_action, 0).sum() / has_tokens.sum().clamp(min=1)
 
 
-def broadcast_rows(row_values: Tensor, mask: Tensor) -> Tensor:
-    """``[B]`` per-action values -> ``[B, L]``: the value on every action token, 0 on padding."""
-    return torch.where(mask.bool(), row_values[:, None].to(mask.device), 0)
+def broadcast_actions(action_values: Tensor, mask: Tensor) -> Tensor:
+    """``[A]`` per-action values -> ``[A, L]``: the value on every action token, 0 on padding."""
+    return torch.where(mask.bool(), action_values[:, None].to(mask.device), 0)
 
 
 def _token_advantages(advantages: Tensor, mask: Tensor) -> Tensor:
-    """Accept ``[B]`` or ``[B, L]`` advantages; return ``[B, L]`` (0 on padding)."""
+    """Accept ``[A]`` or ``[A, L]`` advantages; return ``[A, L]`` (0 on padding)."""
     if advantages.dim() == 1:
-        return broadcast_rows(advantages, mask)
+        return broadcast_actions(advantages, mask)
     if advantages.shape != mask.shape:
-        raise ValueError(f"advantages {tuple(advantages.shape)} must be [B] or match mask {tuple(mask.shape)}")
+        raise ValueError(f"advantages {tuple(advantages.shape)} must be [A] or match mask {tuple(mask.shape)}")
     return torch.where(mask.bool(), advantages, 0)
+
+
+def approx_kls(logp: Tensor, old_logp: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """How far the policy moved from the rollout's, as CleanRL logs it: with ``logratio = logp - old_logp``
+    per action token (``[A, L]``, means over ``mask``),
+
+    - ``old_approx_kl = mean(-logratio)``: the k1 estimate of KL(pi_old || pi), unbiased but noisy (can be
+      negative);
+    - ``approx_kl = mean((ratio - 1) - logratio)``: the k3 estimate, never negative, lower variance.
+    """
+    m = mask.bool()
+    log_r = torch.where(m, logp - old_logp, 0)  # NaN/-inf padding never enters
+    return {"old_approx_kl": masked_mean(-log_r, m), "approx_kl": masked_mean(torch.expm1(log_r) - log_r, m)}
 
 
 # ----------------------------------------------------------------------------- action ratio
 
 
 def log_ratio_sums(logp: Tensor, old_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-row ``S_t = sum_j z_{t,j}`` and ``L_t`` (both ``[B]``), ``z = logp - old_logp`` on action tokens.
+    """Per action ``S_t = sum_j z_{t,j}`` and ``L_t`` (both ``[A]``), ``z = logp - old_logp`` on action tokens.
 
     Useful to compute CAPO's batch mean ``mu = sum(S) / sum(L)`` over a mini-batch that is fed to
     :func:`action_log_ratio` in several micro-batches (pass the result as ``mu=``).
     """
     m = mask.bool()
-    z = torch.where(m, logp - old_logp, 0)  # [B, L]
+    z = torch.where(m, logp - old_logp, 0)  # [A, L]
     return z.sum(-1), m.sum(-1).to(z.dtype)
 
 
@@ -96,26 +111,28 @@ def action_log_ratio(
     mu: Tensor | float | None = None,
     max_log_ratio: float = MAX_LOG_RATIO,
 ) -> Tensor:
-    """One log importance ratio per action row: ``[B, L]`` token log-probs -> ``log w [B]``.
+    """One log importance ratio per action: ``[A, L]`` token log-probs -> ``log w [A]``.
 
     With ``z_{t,j} = logp - old_logp`` on action tokens, ``S_t = sum_j z_{t,j}``, ``L_t = #action tokens``:
 
-    - ``mode="capo"`` (CAPO v5, spec 1.5b): ``log w_t = mu + (S_t - L_t mu) / sqrt(L_t)``, where
+    - ``mode="capo"`` (CAPO paper, Fig. 2(c): centring, x 1/sqrt(L_t), mean restoration):
+      ``log w_t = mu + (S_t - L_t mu) / sqrt(L_t)``, where
       ``mu = stopgrad(sum_t S_t / sum_t L_t)`` is the per-token mean log-ratio of the *whole batch passed
       in* (centring, x 1/sqrt(L), mean restoration). Pass ``mu=`` to centre over a larger batch (e.g. a
       mini-batch split into micro-batches, see :func:`log_ratio_sums`); it is always detached.
-    - ``mode="geomean"``: ``log w_t = S_t / L_t`` (StepPO v4, GSPO's sequence ratio).
+    - ``mode="geomean"``: ``log w_t = S_t / L_t`` (StepPO, GSPO's sequence ratio; what the authors' code
+      runs: ``loss_mode=gspo`` in AgentR1/CAPO run_steppo.sh).
     - ``mode="sum"``: ``log w_t = S_t`` (the exact product of token ratios).
 
     ``log w`` is clamped to ``<= max_log_ratio`` (10, as verl's GSPO code does; above it the gradient is 0).
-    Rows with ``L_t = 0`` get ``log w = 0`` (w = 1) instead of 0/0; the losses leave those rows out.
+    Actions with ``L_t = 0`` get ``log w = 0`` (w = 1) instead of 0/0; the losses leave them out.
     Gradients flow through ``S_t`` only (``mu`` is stop-grad).
     """
     if mode not in RATIO_MODES:
         raise ValueError(f"unknown ratio mode {mode!r}; expected one of {RATIO_MODES}")
-    S, L = log_ratio_sums(logp, old_logp, mask)  # [B], [B]
+    S, L = log_ratio_sums(logp, old_logp, mask)  # [A], [A]
     has_tokens = L > 0
-    L1 = L.clamp(min=1)  # avoids 0/0 on empty rows; their result is replaced below
+    L1 = L.clamp(min=1)  # avoids 0/0 on empty actions; their result is replaced below
     if mode == "sum":
         log_w = S
     elif mode == "geomean":
@@ -146,43 +163,44 @@ def action_ppo_loss(
     max_log_ratio: float = MAX_LOG_RATIO,
     agg: str = "seq-mean-token-mean",
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Action-level PPO-clip: one ratio ``w_t`` and one clip decision per action (spec 1.6).
+    """Action-level PPO-clip: one ratio ``w_t`` and one clip decision per action (CAPO paper, README: "update
+    whole actions consistently"; the authors' code: verl's GSPO loss on actions, AgentR1/CAPO run_steppo.sh).
 
-    ``l_t = -min(w_t A_t, clip(w_t, 1 - clip_low, 1 + clip_high) A_t)``, mean over actions (rows with
+    ``l_t = -min(w_t A_t, clip(w_t, 1 - clip_low, 1 + clip_high) A_t)``, mean over actions (those with
     ``L_t > 0``). ``w_t = exp(action_log_ratio(..., ratio_mode))``. No dual-clip, no per-token clip (as in
     the authors' GSPO path).
 
-    Shapes: ``logp, old_logp, mask [B, L]``; ``advantages [B]`` (CAPO) or ``[B, L]`` (token advantages, e.g.
+    Shapes: ``logp, old_logp, mask [A, L]``; ``advantages [A]`` (CAPO) or ``[A, L]`` (token advantages, e.g.
     the ``capo_no_action_credit`` ablation: then the surrogate is computed per token with the action's
-    ratio and aggregated with ``agg``; for ``[B]`` advantages the default seq-mean-token-mean is exactly
+    ratio and aggregated with ``agg``; for ``[A]`` advantages the default seq-mean-token-mean is exactly
     the mean over actions, while "token-mean" would weigh actions by length).
 
     ``token_scale`` picks the gradient (the forward value is identical):
 
     - ``"exact"`` (default): the exact derivative of the surrogate with ``mu`` stop-grad. On an unclipped
-      action the gradient w.r.t. its tokens is ``-w_t A_t / sqrt(L_t) / n_rows`` for CAPO
+      action the gradient w.r.t. its tokens is ``-w_t A_t / sqrt(L_t) / n_actions`` for CAPO
       (``/ L_t`` for geomean, ``/ 1`` for sum); clipped actions get 0.
     - ``"inv_len"``: verl's GSPO trick ``log s_{t,j} = sg[log w_t] + logp_{t,j} - sg[logp_{t,j}]`` with a
-      token mean per row, which gives every token the factor ``1 / L_t`` whatever ``ratio_mode`` is.
+      token mean per action, which gives every token the factor ``1 / L_t`` whatever ``ratio_mode`` is.
       For ``ratio_mode="geomean"`` both options coincide. Which one the CAPO authors use is unknown.
 
     Default clip 3e-4 on both sides is the authors' code (run_steppo.sh, geometric-mean ratio). For the
-    sqrt(L) ratio S2 claims 1e-3 (unverified); the ratio's log-scale is sqrt(L) times the geomean's, so
-    sweep it (spec 7.1).
+    sqrt(L) ratio the paper's value is not published (a study note says 1e-3, unverified); the ratio's
+    log-scale is sqrt(L) times the geomean's, so sweep it.
 
     Diagnostics: ``clip_frac`` (share of actions whose clipped branch is active, zero gradient),
     ``clip_frac_high`` / ``clip_frac_low``, ``ratio_mean/min/max`` and ``log_ratio_mean/std`` over actions,
-    ``mu`` (CAPO centring, else the batch per-token mean log-ratio), ``approx_kl`` (token mean of
-    ``old_logp - logp``).
+    ``mu`` (CAPO centring, else the batch per-token mean log-ratio), ``old_approx_kl`` and ``approx_kl``
+    (per action token, see :func:`approx_kls`).
     """
     m = mask.bool()
-    A = _token_advantages(advantages, m)  # [B, L]
-    log_w = action_log_ratio(logp, old_logp, m, ratio_mode, mu=mu, max_log_ratio=max_log_ratio)  # [B]
+    A = _token_advantages(advantages, m)  # [A, L]
+    log_w = action_log_ratio(logp, old_logp, m, ratio_mode, mu=mu, max_log_ratio=max_log_ratio)  # [A]
     if token_scale == "exact":
-        ratio = torch.exp(log_w)[:, None].expand_as(A)  # [B, L]: the same w_t on every token of action t
+        ratio = torch.exp(log_w)[:, None].expand_as(A)  # [A, L]: the same w_t on every token of action t
     elif token_scale == "inv_len":
         logp_safe = torch.where(m, logp, 0)  # keep NaN/-inf padding out of the graph
-        ratio = torch.exp(log_w.detach()[:, None] + logp_safe - logp_safe.detach())  # [B, L], value w_t
+        ratio = torch.exp(log_w.detach()[:, None] + logp_safe - logp_safe.detach())  # [A, L], value w_t
     else:
         raise ValueError(f"unknown token_scale {token_scale!r}; expected 'exact' or 'inv_len'")
     pg_unclipped = -A * ratio
@@ -191,24 +209,24 @@ def action_ppo_loss(
     loss = agg_loss(pg, m, agg)
 
     with torch.no_grad():
-        rows = m.sum(-1) > 0  # [B]
+        nonempty = m.sum(-1) > 0  # [A]
         w = torch.exp(log_w)
         clipped = (pg_clipped > pg_unclipped).float()
         high = ((A > 0) & (ratio > 1 + clip_high)).float()
         low = ((A < 0) & (ratio < 1 - clip_low)).float()
         S, L = log_ratio_sums(logp, old_logp, m)
-        lw = log_w[rows]
+        lw = log_w[nonempty]
         diag = {
             "clip_frac": agg_loss(clipped, m, agg),
             "clip_frac_high": agg_loss(high, m, agg),
             "clip_frac_low": agg_loss(low, m, agg),
-            "ratio_mean": masked_mean(w, rows),
-            "ratio_max": w[rows].max() if rows.any() else w.new_tensor(1.0),
-            "ratio_min": w[rows].min() if rows.any() else w.new_tensor(1.0),
-            "log_ratio_mean": masked_mean(log_w, rows),
+            "ratio_mean": masked_mean(w, nonempty),
+            "ratio_max": w[nonempty].max() if nonempty.any() else w.new_tensor(1.0),
+            "ratio_min": w[nonempty].min() if nonempty.any() else w.new_tensor(1.0),
+            "log_ratio_mean": masked_mean(log_w, nonempty),
             "log_ratio_std": lw.std() if lw.numel() > 1 else w.new_tensor(0.0),
             "mu": torch.as_tensor(mu, dtype=S.dtype) if mu is not None else S.sum() / L.sum().clamp(min=1),
-            "approx_kl": masked_mean(old_logp - logp, m),
+            **approx_kls(logp, old_logp, m),
         }
     return loss, diag
 
@@ -229,18 +247,19 @@ def token_ppo_loss(
     Per token: ``r = exp(clamp(logp - old_logp, -20, 20))``,
     ``l = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))``; for ``A < 0`` dual-clip caps it:
     ``l = min(l, -A * dual_clip)`` (``dual_clip=None`` disables; it must be > 1).
-    Shapes: ``logp, old_logp, mask [B, L]``, ``advantages [B]`` (broadcast) or ``[B, L]``.
+    Shapes: ``logp, old_logp, mask [A, L]``, ``advantages [A]`` (broadcast) or ``[A, L]``.
     Aggregated with ``agg`` (default seq-mean-token-mean; ``"token-mean"`` as option).
 
     Diagnostics: ``clip_frac`` (tokens where the clipped branch is active), ``dual_clip_frac`` (negative-A
-    tokens capped by dual-clip), ``ratio_mean/min/max`` over tokens, ``approx_kl`` (mean old_logp - logp).
+    tokens capped by dual-clip), ``ratio_mean/min/max`` over tokens, ``old_approx_kl`` and ``approx_kl``
+    (see :func:`approx_kls`).
     """
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
     m = mask.bool()
-    A = _token_advantages(advantages, m)  # [B, L]
+    A = _token_advantages(advantages, m)  # [A, L]
     log_r = torch.where(m, logp - old_logp, 0).clamp(-20.0, 20.0)  # verl's clamp, keeps exp finite
-    ratio = torch.exp(log_r)  # [B, L]
+    ratio = torch.exp(log_r)  # [A, L]
     pg_unclipped = -A * ratio
     pg_clipped = -A * ratio.clamp(1 - clip_low, 1 + clip_high)
     pg = torch.maximum(pg_unclipped, pg_clipped)
@@ -260,7 +279,7 @@ def token_ppo_loss(
             "ratio_mean": masked_mean(ratio, m),
             "ratio_max": r.max() if r.numel() else ratio.new_tensor(1.0),
             "ratio_min": r.min() if r.numel() else ratio.new_tensor(1.0),
-            "approx_kl": masked_mean(old_logp - logp, m),
+            **approx_kls(logp, old_logp, m),
         }
     return loss, diag
 
@@ -296,14 +315,15 @@ def value_loss(
     *,
     cliprange: float = 0.5,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO clipped value loss with ONE value per row (CAPO: the critic at the action boundary, spec 1.7).
+    """PPO clipped value loss with ONE value per action (CAPO: the critic at the action boundary; the
+    authors' code, AgentR1/CAPO arft/ray_agent_trainer.py, masks the critic loss to that position).
 
     ``0.5 * mean_t max((V_t - R_t)^2, (clip(V_t, V_old_t - c, V_old_t + c) - R_t)^2)``, c = 0.5 (verl).
-    Shapes: ``values, old_values, returns [B]``; ``mask [B]`` (1 = row counts; default all rows).
-    Diagnostics: ``vf_clipfrac`` (share of rows where the clipped error won), ``vpred_mean``.
+    Shapes: ``values, old_values, returns [A]``; ``mask [A]`` (1 = the action counts; default all).
+    Diagnostics: ``vf_clipfrac`` (share of actions where the clipped error won), ``vpred_mean``.
     """
     m = torch.ones_like(values, dtype=torch.bool) if mask is None else mask.bool()
-    err, clipped = _clipped_value_error(*_masked(m, values, old_values, returns), cliprange)  # [B]
+    err, clipped = _clipped_value_error(*_masked(m, values, old_values, returns), cliprange)  # [A]
     loss = 0.5 * masked_mean(err, m)
     with torch.no_grad():
         diag = {"vf_clipfrac": masked_mean(clipped.float(), m), "vpred_mean": masked_mean(values, m)}
@@ -321,12 +341,12 @@ def token_value_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped value loss per token (PPO with token GAE: a value at every action token).
 
-    Same formula as :func:`value_loss`; shapes ``values, old_values, returns, mask [B, L]``, aggregated with
+    Same formula as :func:`value_loss`; shapes ``values, old_values, returns, mask [A, L]``, aggregated with
     ``agg`` (seq-mean-token-mean, verl's critic default). Passing a mask that is 1 only at column 0
-    reproduces the authors' boundary-only critic mask on ``[B, L]`` tensors.
+    reproduces the authors' boundary-only critic mask on ``[A, L]`` tensors.
     """
     m = mask.bool()
-    err, clipped = _clipped_value_error(*_masked(m, values, old_values, returns), cliprange)  # [B, L]
+    err, clipped = _clipped_value_error(*_masked(m, values, old_values, returns), cliprange)  # [A, L]
     loss = 0.5 * agg_loss(err, m, agg)
     with torch.no_grad():
         diag = {"vf_clipfrac": masked_mean(clipped.float(), m), "vpred_mean": masked_mean(values, m)}
@@ -367,16 +387,16 @@ def kl_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """KL-to-reference loss term (multiply by ``kl_coef``, 0.001 for CAPO/PPO/GRPO/GSPO/GiGPO).
 
-    Shapes: ``logp, ref_logp, mask [B, L]``. Returns the aggregated per-token estimate and ``{"kl": ...}``.
+    Shapes: ``logp, ref_logp, mask [A, L]``. Returns the aggregated per-token estimate and ``{"kl": ...}``.
     """
     m = mask.bool()
-    kl = kl_penalty(torch.where(m, logp, 0), torch.where(m, ref_logp, 0), kind)  # [B, L]
+    kl = kl_penalty(torch.where(m, logp, 0), torch.where(m, ref_logp, 0), kind)  # [A, L]
     loss = agg_loss(kl, m, agg)
     return loss, {"kl": loss.detach()}
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Per-position entropy of softmax(logits): ``[..., V] -> [...]`` (e.g. ``[B, L, V] -> [B, L]``)."""
+    """Per-position entropy of softmax(logits): ``[..., V] -> [...]`` (e.g. ``[A, L, V] -> [A, L]``)."""
     log_probs = torch.log_softmax(logits.float(), dim=-1)
     return -(log_probs.exp() * log_probs).sum(-1)
 
@@ -388,14 +408,14 @@ def entropy_loss(
     entropy: Tensor | None = None,
     agg: str = "seq-mean-token-mean",
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Mean policy entropy over action tokens. Give ``logits [B, L, V]`` or per-token ``entropy [B, L]``.
+    """Mean policy entropy over action tokens. Give ``logits [A, L, V]`` or per-token ``entropy [A, L]``.
 
     Returns the aggregated entropy (a bonus: the trainer adds ``-entropy_coef * value`` to the loss;
     entropy_coef defaults to 0 for every registered algorithm) and ``{"entropy": ...}``.
     """
     if (logits is None) == (entropy is None):
         raise ValueError("give exactly one of logits= or entropy=")
-    ent = entropy_from_logits(logits) if logits is not None else entropy  # [B, L]
+    ent = entropy_from_logits(logits) if logits is not None else entropy  # [A, L]
     value = agg_loss(ent, mask, agg)
     return value, {"entropy": value.detach()}
 
@@ -407,7 +427,8 @@ __all__ = [
     "action_log_ratio",
     "action_ppo_loss",
     "agg_loss",
-    "broadcast_rows",
+    "approx_kls",
+    "broadcast_actions",
     "entropy_from_logits",
     "entropy_loss",
     "kl_loss",

@@ -1,8 +1,9 @@
 """The generation interface the rollout talks to: token ids in, token ids and their log-probs out.
 
-The rollout never re-tokenises generated text (spec 1.9, "token-space consistency"): a backend returns the
-exact sampled ids, and the log-prob of each under the distribution it was sampled from. Those log-probs
-are the rollout's *old* log-probs, so a backend must compute them from the same logits it sampled from.
+The rollout never re-tokenises generated text ("token-space consistency", a goal of the authors' code,
+AgentR1/StepPO README): a backend returns the exact sampled ids, and the log-prob of each under the
+distribution it was sampled from. Those log-probs are the rollout's *old* log-probs, so a backend must
+compute them from the same logits it sampled from.
 
 Implementations:
 - :class:`capo_train.backends.hf.HFBackend`: a Hugging Face model in this process (the reference).

@@ -1,0 +1,207 @@
+"""Per-token log-probs of a causal LM, and scoring without autograd (old, reference log-probs).
+
+Shapes: ``R`` model-input rows (one per action in the per_action layout, one per trajectory in the packed
+layout: ``capo_train.rows``), ``S`` padded row length, ``H`` hidden size, ``V`` vocabulary size, ``N``
+scored token positions.
+
+Alignment used everywhere (``rows.gather_actions`` turns these ``[R, S]`` tensors into per-action ``[A, L]``):
+
+- ``logp[:, s] = log p(input_ids[:, s] | input_ids[:, :s])``, read from the logits at position ``s - 1``;
+  ``logp[:, 0] = 0``, and so is every position that was not scored (padding, or outside ``logp_mask``).
+- ``entropy[:, s]``: entropy of that same next-token distribution (same alignment, same zeros).
+- ``values[:, s]``: V of the prefix ending at token ``s`` (read at position ``s``). CAPO's action-boundary
+  value is ``values[r, last state token]`` (CAPO paper, Fig. 2(b)); token-level PPO reads the action
+  positions.
+
+Rows may be padded on both sides (prompt left-padded, response right-padded): position ids are rebuilt
+from the attention mask, exactly as ``generate`` does, so training log-probs match rollout log-probs.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+if TYPE_CHECKING:
+    from .actor_critic import ActorCritic
+
+LOGP_CHUNK = 512  # token positions per lm_head chunk: 512 x 49152 float32 logits = 100 MB for SmolLM2
+
+
+@dataclass
+class ModelOutput:
+    """All ``[R, S]``; see the module docstring for the alignment."""
+
+    logp: Tensor | None = None
+    entropy: Tensor | None = None
+    values: Tensor | None = None
+
+
+# ----------------------------------------------------------------------------- log-probs
+
+
+def position_ids(attention_mask: Tensor) -> Tensor:
+    """``[R, S]`` positions counted over real tokens only (as ``generate`` does for left padding)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _causal_lm(model: nn.Module) -> nn.Module:
+    """The transformers model under an optional peft wrapper (LoRA layers are injected in place, so
+    calling its submodules still runs the adapters)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def final_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """``[R, S, H]`` last hidden states of a causal LM (after its final norm), without the LM head."""
+    decoder = _causal_lm(model).get_decoder()
+    out = decoder(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
+    )
+    return out.last_hidden_state
+
+
+def _scored_positions(attention_mask: Tensor, logp_mask: Tensor | None) -> Tensor:
+    """``[R, S]`` bool: positions ``s >= 1`` whose token and predecessor are both real (a first token
+    after left padding has no context), intersected with ``logp_mask``."""
+    real = attention_mask.bool()
+    scored = torch.zeros_like(real)
+    scored[:, 1:] = real[:, 1:] & real[:, :-1]
+    return scored & logp_mask.bool() if logp_mask is not None else scored
+
+
+def _token_logp(
+    lm_head: nn.Module, hidden: Tensor, targets: Tensor, need_entropy: bool, temperature: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """``hidden [N, H]``, ``targets [N]`` -> ``logp [N]``, ``entropy [N]`` (zeros unless asked), under
+    ``softmax(logits / temperature)``."""
+    logits = lm_head(hidden).float()  # [N, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    lse = logits.logsumexp(-1)  # [N]
+    logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
+    if not need_entropy:
+        return logp, torch.zeros_like(logp)
+    entropy = lse - (logits.softmax(-1) * logits).sum(-1)
+    return logp, entropy
+
+
+def lm_logp(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    *,
+    hidden: Tensor | None = None,
+    logp_mask: Tensor | None = None,
+    need_entropy: bool = False,
+    chunk: int = LOGP_CHUNK,
+    recompute: bool = False,
+    temperature: float = 1.0,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Per-token log-probs of a causal LM (``[R, S]``, aligned as in the module docstring), under
+    ``softmax(logits / temperature)``: the distribution a rollout at that temperature sampled from, so
+    that the ratio to its recorded log-probs is 1 before any update.
+
+    The ``[R, S, V]`` logits are never materialised: the LM head runs on at most ``chunk`` scored
+    positions at a time, and only on scored positions. Pass ``logp_mask`` = the response mask to skip the
+    prompt: on SmolLM2 the 49k-vocab head costs as much as a third of the whole forward+backward.
+    Under autograd each chunk's float32 logits stay alive for backward (4 bytes x V per scored token,
+    200 KB on SmolLM2); ``recompute=True`` checkpoints each chunk instead, which keeps one chunk alive at a
+    time but runs the head's forward twice (measured: +60 % head time on 2 CPU cores).
+
+    Returns ``(logp, entropy or None, hidden [R, S, H])``; pass ``hidden`` to reuse a backbone pass.
+    """
+    if hidden is None:
+        hidden = final_hidden(model, input_ids, attention_mask)
+    lm_head = _causal_lm(model).get_output_embeddings()
+    scored = _scored_positions(attention_mask, logp_mask)  # [R, S]
+    h = hidden[:, :-1][scored[:, 1:]]  # [N, H]: position s-1 predicts token s
+    targets = input_ids[scored]  # [N]
+    pieces = []
+    for i in range(0, h.shape[0], chunk):
+        args = (lm_head, h[i : i + chunk], targets[i : i + chunk], need_entropy, temperature)
+        if recompute and torch.is_grad_enabled() and h.requires_grad:
+            pieces.append(checkpoint(_token_logp, *args, use_reentrant=False))
+        else:
+            pieces.append(_token_logp(*args))
+    logp_flat = torch.cat([p[0] for p in pieces]) if pieces else h.new_zeros(0, dtype=torch.float32)
+    logp = torch.zeros(scored.shape, dtype=torch.float32, device=hidden.device).masked_scatter(
+        scored, logp_flat
+    )
+    entropy = None
+    if need_entropy:
+        ent_flat = torch.cat([p[1] for p in pieces]) if pieces else logp_flat
+        entropy = torch.zeros_like(logp).masked_scatter(scored, ent_flat)
+    return logp, entropy, hidden
+
+
+# ----------------------------------------------------------------------------- no-grad scoring
+
+
+@contextmanager
+def evaluating(module: nn.Module):
+    """``eval()`` + ``no_grad`` for the duration, restoring the previous train/eval mode after."""
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            yield module
+    finally:
+        module.train(was_training)
+
+
+def score(
+    model: ActorCritic,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    *,
+    need_values: bool,
+    logp_mask: Tensor | None = None,
+    micro_batch: int = 8,
+) -> ModelOutput:
+    """Old log-probs (and values) of a whole batch without autograd, ``micro_batch`` rows at a time."""
+    parts = []
+    with evaluating(model):
+        for i in range(0, input_ids.shape[0], micro_batch):
+            rows = slice(i, i + micro_batch)
+            mask = logp_mask[rows] if logp_mask is not None else None
+            parts.append(
+                model(input_ids[rows], attention_mask[rows], need_values=need_values, logp_mask=mask)
+            )
+    return ModelOutput(
+        logp=torch.cat([p.logp for p in parts]),
+        values=torch.cat([p.values for p in parts]) if need_values else None,
+    )
+
+
+def reference_logp(
+    model: ActorCritic,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    *,
+    reference: nn.Module | None = None,
+    logp_mask: Tensor | None = None,
+    micro_batch: int = 8,
+    temperature: float = 1.0,
+) -> Tensor:
+    """``[R, S]`` log-probs under the reference policy (the initial checkpoint) at ``temperature``: a
+    frozen ``reference`` model if given, else the actor with its LoRA adapters disabled (no second copy
+    in memory)."""
+    if reference is None and not model.uses_lora:
+        raise ValueError("reference_logp needs a reference model (load_reference) when the actor has no LoRA")
+    scorer = reference if reference is not None else model.actor
+    parts = []
+    with evaluating(scorer), model.actor.disable_adapter() if reference is None else nullcontext():
+        for i in range(0, input_ids.shape[0], micro_batch):
+            rows = slice(i, i + micro_batch)
+            mask = logp_mask[rows] if logp_mask is not None else None
+            parts.append(lm_logp(scorer, input_ids[rows], attention_mask[rows], logp_mask=mask, temperature=temperature)[0])
+    return torch.cat(parts)
+
+
+__all__ = ["LOGP_CHUNK", "ModelOutput", "evaluating", "final_hidden", "lm_logp", "position_ids", "reference_logp",
+           "score"]
