@@ -157,6 +157,10 @@ def _apply(obj: Any, updates: dict, prefix: str = "") -> None:
             if not isinstance(value, dict):
                 raise ConfigError(f"{key} is a section; give it a mapping, not {value!r}")
             _apply(current, value, key + ".")
+        elif isinstance(current, dict) and isinstance(value, dict):
+            # A mapping updates the one there key by key: `algo_overrides.clip_low=0.2` keeps the default
+            # kl_coef and whiten_std_floor instead of silently dropping them.
+            setattr(obj, name, _coerce({**current, **value}, hints[name], key))
         else:
             setattr(obj, name, _coerce(value, hints[name], key))
 

@@ -26,6 +26,7 @@ import json
 import math
 import os
 import random
+import shutil
 import time
 import warnings
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ from .rollout import RolloutSettings, collect, env_tasks, has_task_ids, rollout_
 from .rows import RowBatch, Trajectory, build_rows, gather_actions, minibatches
 
 LENGTH_BUCKETS = (8, 16, 32, 64)  # action-length buckets (tokens) for the ratio-spread diagnostic
+WARM_START = "warm_start"  # run-folder entry: the warm-started actor, the KL reference when KL is on
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -552,7 +554,9 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
     trainable, *prepared = accelerator.prepare(model, *optimizers.values())
     optimizers = dict(zip(optimizers, prepared))
     reference = None
-    if algo.kl_coef > 0 and not model.uses_lora:
+    if algo.kl_coef > 0 and (out_dir / WARM_START).is_dir():  # resumed after this run's warm start
+        reference = load_reference(out_dir / WARM_START, dtype=getattr(torch, config.model.dtype)).to(accelerator.device)
+    elif algo.kl_coef > 0 and not model.uses_lora:
         reference = load_reference(model.meta["base"], dtype=getattr(torch, config.model.dtype)).to(accelerator.device)
     run = Run(config=config, model=model, tokenizer=tokenizer, optimizers=optimizers, algo=algo,
               rollout=RolloutSettings.from_config(config.rollout), reference=reference, accelerator=accelerator,
@@ -581,6 +585,12 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
             record = {}
             if config.sft.episodes > 0 and callable(getattr(train_envs[0].unwrapped, "expert_action", None)):
                 record = behaviour_clone(model, tokenizer, config, train_envs[0], progress=report)
+                if algo.kl_coef > 0:  # RL's KL anchor is the policy RL starts from, not the checkpoint before it
+                    if main:
+                        freeze_warm_start(model, tokenizer, out_dir / WARM_START)
+                    accelerator.wait_for_everyone()
+                    run.reference = load_reference(out_dir / WARM_START, dtype=getattr(torch, config.model.dtype))
+                    run.reference.to(accelerator.device)
             elif config.sft.episodes > 0 and main:
                 warnings.warn(f"{config.env.id} has no expert_action(): no warm start", RuntimeWarning, stacklevel=2)
             if record or config.eval_every:
@@ -619,6 +629,22 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         plot_curves(state.history, out_dir / "learning_curve.png", config.algo)
     return summary
+
+
+def freeze_warm_start(model: ActorCritic, tokenizer, path: Path) -> None:
+    """Write the warm-started actor (LoRA merged) to ``path`` as a plain HF folder, atomically: the KL
+    reference of the RL that follows, and of a resumed run (a frozen copy of the actor at iteration 0;
+    with LoRA, disabling the adapters would give the model from before the warm start instead)."""
+    import copy
+
+    actor = copy.deepcopy(model.actor)
+    actor = actor.merge_and_unload() if model.uses_lora else actor
+    tmp = path.with_name(f".{path.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    actor.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
 
 
 def summarise_run(history: list[dict], config: TrainConfig) -> dict:

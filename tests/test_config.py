@@ -176,3 +176,11 @@ def test_actor_lr_default_depends_on_the_model_kind():
     assert env_kwargs(load_config().env) == DEFAULT_ENV_KWARGS
     assert env_kwargs(load_config(None, ["env.id=capo_envs:capo/SynthHop-v0"]).env) == DEFAULT_ENV_KWARGS
     assert env_kwargs(load_config(None, ["env.id=capo/HotpotQA-v0"]).env) == {}
+
+
+def test_a_mapping_override_updates_the_default_mapping_key_by_key():
+    """`algo_overrides.clip_low=0.2` must not drop the default kl_coef=0 (which silently turned KL on)."""
+    config = load_config(None, ["algo_overrides.clip_low=0.2"])
+    assert config.algo_overrides == {"kl_coef": 0.0, "whiten_std_floor": 0.1, "clip_low": 0.2}
+    config = load_config(None, ["algo_overrides={kl_coef: 0.001}", "algo_overrides.gamma=0.9"])
+    assert config.algo_overrides == {"kl_coef": 0.001, "whiten_std_floor": 0.1, "gamma": 0.9}

@@ -142,3 +142,16 @@ def test_cli_train_rejects_bad_keys(capsys):
 
     with pytest.raises(SystemExit, match="unknown config key 'rollout.nope'"):
         main(["train", "rollout.nope=3"])
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_kl_reference_after_a_warm_start_is_the_warm_started_policy(tiny_model_dir, tmp_path, lora):
+    """With KL on, the first RL iteration's KL to the reference is ~0: the reference is the actor the warm
+    start produced (frozen in run/warm_start), not the checkpoint from before it (whose KL was large)."""
+    config = config_for(tiny_model_dir, tmp_path, f"model.lora={str(lora).lower()}", "iterations=1", "sft.episodes=8",
+                        "sft.epochs=4", "eval_every=0", "optim.minibatch_rows=64")
+    train(config, progress=False)
+    record = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()][-1]
+    assert record["iteration"] == 1
+    assert abs(record["actor/kl_ref"]) < 1e-4, record["actor/kl_ref"]
+    assert (tmp_path / "warm_start" / "config.json").is_file()
