@@ -15,11 +15,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-DEFAULT_ENV = "capo/SynthHop-v0"
-# One 400-character passage per search keeps states short for CPU training (~450 tokens at most) and
-# leaves no distractor passage; two-hop bridge questions only: the warm-started SmolLM2 solves ~22% of
-# them (~0-6% of the full mix), so RL sees reward. The dev split has 50 of them.
-DEFAULT_ENV_KWARGS = {"size": "small", "k": 1, "max_passage_chars": 400, "question_kinds": ["bridge-2"]}
+DEFAULT_ENV = "capo/SynthChain-v0"
+# The kwargs an env gets when env.kwargs is null: CPU settings for the envs the README's runs use.
+ENV_PRESETS = {
+    # The main command: 4 decisions, outcome reward only, and a demonstrator that picks random doors
+    # (expert_skill 0), so the warm start learns the action format and nothing of the task: every point of
+    # held-out success above it is RL's (docs/results/learning.md).
+    "capo/SynthChain-v0": {"k": 4, "expert_skill": 0.0},
+    # One 400-character passage per search keeps states short for CPU training (~450 tokens at most) and
+    # leaves no distractor passage; two-hop bridge questions only: the warm-started SmolLM2 solves ~22% of
+    # them (~0-6% of the full mix), so RL sees reward. The dev split has 50 of them.
+    "capo/SynthHop-v0": {"size": "small", "k": 1, "max_passage_chars": 400, "question_kinds": ["bridge-2"]},
+}
+DEFAULT_ENV_KWARGS = ENV_PRESETS[DEFAULT_ENV]
 
 
 @dataclass
@@ -37,7 +45,7 @@ class ModelConfig:
 @dataclass
 class EnvConfig:
     id: str = DEFAULT_ENV  # a registered id, or Gymnasium's "module:Id" (the module is imported, then the id)
-    kwargs: dict | None = None  # None: the env's own defaults (DEFAULT_ENV_KWARGS for capo/SynthHop-v0)
+    kwargs: dict | None = None  # None: ENV_PRESETS[id] where there is one, else the env's own defaults
     # Passed as split= only to an env whose constructor has a `split` parameter (README: the contract).
     train_split: str = "train"
     eval_split: str = "dev"
@@ -61,10 +69,11 @@ class RolloutConfig:
 
 @dataclass
 class OptimConfig:
-    # None: by model kind (default_actor_lr): 5e-5 with LoRA (RL steps from 16 episodes are noisy: smaller
-    # than the warm start's 1e-3); a full fine-tune: 1e-3 under 10M parameters (a tiny LM: 5e-5 left one
-    # unchanged over 400 episodes, 1e-3 took its training success from 0.28 to 0.80), 1e-5 above. The value
-    # used is written into the checkpoint's config.json.
+    # None: by model kind (default_actor_lr). LoRA: 2e-4 (SmolLM2 on the default SynthChain run: 5e-5 moved
+    # held-out success 0.185 -> 0.23 in 20 iterations, 2e-4 to 0.52; docs/results/learning.md). A full
+    # fine-tune: 1e-3 under 10M parameters (a tiny LM: 5e-5 left one unchanged over 400 episodes, 1e-3 took
+    # its training success from 0.28 to 0.80), 1e-5 above. The value used is written into the checkpoint's
+    # config.json.
     actor_lr: float | None = None
     critic_lr: float = 1e-3
     weight_decay: float = 0.01
@@ -75,7 +84,7 @@ class OptimConfig:
 
 @dataclass
 class SFTConfig:
-    episodes: int = 48  # expert episodes behaviour-cloned before RL (0: no warm start)
+    episodes: int = 32  # expert episodes behaviour-cloned before RL (0: no warm start)
     # > 0: the warm start clones only the first `tasks` train tasks (in the env's order) and RL never samples
     # them, so RL learns on tasks the warm start has not memorised. Keep it set in the RL runs that start
     # from an earlier warm start (sft.episodes=0). 0: both draw from every train task.
@@ -100,12 +109,12 @@ class TrainConfig:
     # steps (estimators.whiten); keys an algorithm does not use are dropped for it. ALGO_SETTING_RULES
     # lists every key and its range.
     algo_overrides: dict = field(default_factory=lambda: {"kl_coef": 0.0, "whiten_std_floor": 0.1})
-    iterations: int = 12
+    iterations: int = 40
     seed: int = 0
     device: str = "auto"  # "auto": the accelerator's device (GPU when there is one); "cpu": always the CPU
     out_dir: str = "runs/capo-synthhop"
-    eval_every: int = 12  # 0: never evaluate (not even before RL)
-    eval_episodes: int = 50  # greedy episodes on the first tasks of env.eval_split (0: no evaluation)
+    eval_every: int = 20  # 0: never evaluate (not even before RL)
+    eval_episodes: int = 200  # greedy episodes on the first tasks of env.eval_split (0: no evaluation)
     log_entropy: bool = True  # policy entropy on action tokens (one extra pass over the LM-head logits)
     log_tensorboard: bool = True
     log_wandb: bool = False
@@ -399,7 +408,7 @@ def batch_shape(config: TrainConfig) -> tuple[int, int]:
 def default_actor_lr(lora: bool, parameters: int) -> float:
     """The actor lr when ``optim.actor_lr`` is null (see OptimConfig)."""
     if lora:
-        return 5e-5
+        return 2e-4
     return 1e-3 if parameters < 10_000_000 else 1e-5
 
 
@@ -434,8 +443,8 @@ def env_spec(env_id: str):
 
 
 def env_kwargs(env: EnvConfig) -> dict:
-    """The kwargs ``gym.make`` gets (besides ``split``): ``env.kwargs``, or when it is null the env's own
-    defaults, which for the default env are the CPU settings DEFAULT_ENV_KWARGS."""
+    """The kwargs ``gym.make`` gets (besides ``split``): ``env.kwargs``, or when it is null the CPU preset of
+    ENV_PRESETS for that id, else none (the env's own defaults)."""
     if env.kwargs is not None:
         return dict(env.kwargs)
-    return dict(DEFAULT_ENV_KWARGS) if env.id.rpartition(":")[2] == DEFAULT_ENV else {}
+    return dict(ENV_PRESETS.get(env.id.rpartition(":")[2], {}))
