@@ -14,14 +14,14 @@ TRAIN_EXTRA_MODULES = {"torch", "transformers", "tokenizers", "peft", "accelerat
 
 def parse_key_values(pairs: Sequence[str]) -> dict[str, object]:
     """``["size=tiny", "k=3"]`` -> ``{"size": "tiny", "k": 3}``: values are read as YAML scalars."""
-    import yaml
+    from .config import load_yaml
 
     parsed = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise SystemExit(f"expected key=value, got {pair!r}")
-        parsed[key] = yaml.safe_load(value) if value else ""
+        parsed[key] = load_yaml(value) if value else ""
     return parsed
 
 

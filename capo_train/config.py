@@ -181,6 +181,24 @@ def _yaml_problem(error: Exception) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None else problem
 
 
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load``, except that ``1e-3`` and ``3E+2`` are floats, as in YAML 1.2 and Python (PyYAML
+    follows YAML 1.1, which wants ``1.0e-3``: ``algo_overrides.clip_low=3e-4`` would be the string '3e-4')."""
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+        list("-+0123456789."),
+    )
+    return yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader subclass)
+
+
 def read_yaml(path: str | Path) -> Any:
     """A YAML file's data; a missing or malformed file is a ConfigError naming the file (and line)."""
     import yaml
@@ -190,7 +208,7 @@ def read_yaml(path: str | Path) -> Any:
     except OSError as e:
         raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML: {_yaml_problem(e)}") from None
 
@@ -211,7 +229,7 @@ def parse_overrides(pairs: Sequence[str]) -> dict:
             if not isinstance(node, dict):
                 raise ConfigError(f"{key}: {part} is given both a value and sub-keys")
         try:
-            node[last] = yaml.safe_load(raw) if raw else ""
+            node[last] = load_yaml(raw) if raw else ""
         except yaml.YAMLError as e:
             raise ConfigError(f"{key}: cannot read {raw!r} as YAML ({_yaml_problem(e)})") from None
     return nested

@@ -8,7 +8,7 @@ from capo_train.config import ConfigError, TrainConfig, load_config, parse_overr
 def test_defaults_are_the_embedded_run():
     config = load_config()
     assert config == TrainConfig()
-    assert (config.algo, config.env.id, config.model.path) == ("capo", "capo/SynthHop-v0", "smollm2")
+    assert (config.algo, config.env.id, config.model.path) == ("capo", "capo/SynthChain-v0", "smollm2")
 
 
 def test_yaml_then_overrides(tmp_path):
@@ -184,3 +184,11 @@ def test_a_mapping_override_updates_the_default_mapping_key_by_key():
     assert config.algo_overrides == {"kl_coef": 0.0, "whiten_std_floor": 0.1, "clip_low": 0.2}
     config = load_config(None, ["algo_overrides={kl_coef: 0.001}", "algo_overrides.gamma=0.9"])
     assert config.algo_overrides == {"kl_coef": 0.001, "whiten_std_floor": 0.1, "gamma": 0.9}
+
+
+@pytest.mark.parametrize("raw, value", [("3e-4", 3e-4), ("1E+2", 100.0), ("-2.5e-3", -2.5e-3), (".5e1", 5.0),
+                                        ("3.0e-4", 3e-4), ("1e", "1e"), ("e5", "e5"), ("0x10", 16), ("7", 7)])
+def test_exponent_floats_read_as_numbers(raw, value):
+    """PyYAML (YAML 1.1) reads `3e-4` as a string, which made `algo_overrides.clip_low=3e-4` a type error."""
+    assert parse_overrides([f"x={raw}"])["x"] == value
+    assert load_config(None, ["algo_overrides.clip_low=3e-4"]).algo_overrides["clip_low"] == 3e-4

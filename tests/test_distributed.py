@@ -22,7 +22,7 @@ WORKER = textwrap.dedent(
     model_dir, out_dir = sys.argv[1], sys.argv[2]
     config = load_config(None, [
         f"model.path={model_dir}", f"out_dir={out_dir}", "iterations=2", "device=cpu",
-        "env.kwargs={size: tiny, k: 1, max_passage_chars: 40}", "rollout.tasks_per_batch=2",
+        "env.id=capo/SynthHop-v0", "env.kwargs={size: tiny, k: 1, max_passage_chars: 40}", "rollout.tasks_per_batch=2",
         "rollout.max_action_tokens=8", "rollout.max_prompt_tokens=2000", "optim.minibatch_rows=1",
         "eval_every=2", "eval_episodes=3", "sft.episodes=0", "log_tensorboard=false", "model.lora=false",
     ])

@@ -15,6 +15,7 @@ from capo_train.trainer import train
 
 SMALL_RUN = [
     "iterations=2",
+    "env.id=capo/SynthHop-v0",
     "env.kwargs={size: tiny, k: 1, max_passage_chars: 40}",
     "rollout.tasks_per_batch=2",
     "rollout.group_size=2",
