@@ -13,8 +13,8 @@ export OMP_NUM_THREADS=1  # one thread per process: the parallel cells use the c
 from capo_train.models import make_tiny_llama
 model, tokenizer = make_tiny_llama(hidden_size=64, num_layers=2, seed=0)
 model.save_pretrained('$OUT/init'); tokenizer.save_pretrained('$OUT/init')"
-[ -f "$OUT/warm-start/summary.json" ] || .venv/bin/capo sft model.path="$OUT/init" model.lora=false \
-    --env capo/SynthChain-v0 "env.kwargs={k: 4, expert_skill: 0.5}" sft.episodes=256 sft.epochs=6 \
+[ -f "$OUT/warm-start/summary.json" ] || .venv/bin/capo sft --env capo/SynthChain-v0 model.path="$OUT/init" \
+    model.lora=false "env.kwargs={k: 4, expert_skill: 0.5}" sft.episodes=256 sft.epochs=6 \
     optim.actor_lr=1e-3 rollout.max_action_tokens=24 eval_episodes=100 log_tensorboard=false \
     out_dir="$OUT/warm-start"
 [ -d "$OUT/warm" ] || .venv/bin/capo export --checkpoint "$OUT/warm-start" --out "$OUT/warm"
