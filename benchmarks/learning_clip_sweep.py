@@ -19,24 +19,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from test_learning import ITERATIONS, RUN, WINDOW  # noqa: E402  (the test's settings, one source)
+from test_learning import ITERATIONS, RUN, WINDOW, build_warm_start  # noqa: E402  (the test's settings)
 
 from capo_train.config import load_config  # noqa: E402
-from capo_train.models import export_actor, make_tiny_llama  # noqa: E402
 from capo_train.trainer import train  # noqa: E402
 
 
 def warm_start(root: Path) -> Path:
-    if (root / "warm" / "config.json").is_file():
-        return root / "warm"
-    model, tokenizer = make_tiny_llama(hidden_size=64, num_layers=2, seed=0)
-    model.save_pretrained(root / "init")
-    tokenizer.save_pretrained(root / "init")
-    config = load_config(None, [f"model.path={root / 'init'}", f"out_dir={root / 'sft'}", *RUN,
-                                "sft.episodes=256", "sft.epochs=6", "optim.actor_lr=1e-3"])
-    config.iterations = 0
-    train(config, progress=False)
-    return export_actor(root / "sft" / "checkpoint", root / "warm")
+    return root / "warm" if (root / "warm" / "config.json").is_file() else build_warm_start(root)
 
 
 def main() -> None:

@@ -18,11 +18,12 @@ tokens instead of its own each makes the test fail (docs/results/learning.md, se
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from capo_train.config import load_config
-from capo_train.models import make_tiny_llama
+from capo_train.models import export_actor, make_tiny_llama
 from capo_train.trainer import train
 
 ITERATIONS = 60
@@ -41,12 +42,8 @@ RUN = [
 ]
 
 
-@pytest.fixture(scope="module")
-def warm_start(tmp_path_factory):
-    """The behaviour-cloned tiny model, exported once as a plain HF folder for every RL run below."""
-    from capo_train.models import export_actor
-
-    root = tmp_path_factory.mktemp("learning")
+def build_warm_start(root: Path) -> Path:
+    """The behaviour-cloned tiny model under ``root``, exported as a plain HF folder (``root/warm``)."""
     model, tokenizer = make_tiny_llama(hidden_size=64, num_layers=2, seed=0)
     model.save_pretrained(root / "init")
     tokenizer.save_pretrained(root / "init")
@@ -55,6 +52,12 @@ def warm_start(tmp_path_factory):
     config.iterations = 0  # the warm start only, as `capo sft` does
     train(config, progress=False)
     return export_actor(root / "sft" / "checkpoint", root / "warm")
+
+
+@pytest.fixture(scope="module")
+def warm_start(tmp_path_factory):
+    """One warm start for every RL run below."""
+    return build_warm_start(tmp_path_factory.mktemp("learning"))
 
 
 def training_success(out_dir) -> list[float]:
