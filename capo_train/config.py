@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import typing
 from dataclasses import dataclass, field
@@ -27,7 +28,6 @@ ENV_PRESETS = {
     # them (~0-6% of the full mix), so RL sees reward. The dev split has 50 of them.
     "capo/SynthHop-v0": {"size": "small", "k": 1, "max_passage_chars": 400, "question_kinds": ["bridge-2"]},
 }
-DEFAULT_ENV_KWARGS = ENV_PRESETS[DEFAULT_ENV]
 
 
 @dataclass
@@ -181,9 +181,9 @@ def _yaml_problem(error: Exception) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None else problem
 
 
-def load_yaml(text: str) -> Any:
-    """``yaml.safe_load``, except that ``1e-3`` and ``3E+2`` are floats, as in YAML 1.2 and Python (PyYAML
-    follows YAML 1.1, which wants ``1.0e-3``: ``algo_overrides.clip_low=3e-4`` would be the string '3e-4')."""
+@functools.cache
+def _yaml_loader():
+    """PyYAML's SafeLoader that also reads ``1e-3`` and ``3E+2`` as floats (see ``load_yaml``)."""
     import re
 
     import yaml
@@ -196,7 +196,15 @@ def load_yaml(text: str) -> Any:
         re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
         list("-+0123456789."),
     )
-    return yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader subclass)
+    return Loader
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load``, except that ``1e-3`` and ``3E+2`` are floats, as in YAML 1.2 and Python (PyYAML
+    follows YAML 1.1, which wants ``1.0e-3``: ``algo_overrides.clip_low=3e-4`` would be the string '3e-4')."""
+    import yaml
+
+    return yaml.load(text, Loader=_yaml_loader())  # noqa: S506 (a SafeLoader subclass)
 
 
 def read_yaml(path: str | Path) -> Any:

@@ -541,7 +541,8 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
     if not takes_split(config.env.id) and has_task_ids(train_envs[0]) and eval_envs and main:
         warnings.warn(f"{config.env.id} takes no split: the held-out tasks are also training tasks", stacklevel=2)
     auto_lr = config.optim.actor_lr is None
-    if resume and (out_dir / CHECKPOINT).is_dir():
+    resumed = resume and (out_dir / CHECKPOINT).is_dir()
+    if resumed:
         model, tokenizer, optimizers, state = load_run(out_dir, lambda m: _optimizers(m, config),
                                                        dtype=getattr(torch, config.model.dtype))
         report.say(f"resuming from the checkpoint after iteration {state.iteration}")
@@ -553,11 +554,16 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
     model.to(accelerator.device)
     trainable, *prepared = accelerator.prepare(model, *optimizers.values())
     optimizers = dict(zip(optimizers, prepared))
+
+    def kl_reference(path) -> torch.nn.Module:
+        return load_reference(path, dtype=getattr(torch, config.model.dtype)).to(accelerator.device)
+
     reference = None
-    if algo.kl_coef > 0 and (out_dir / WARM_START).is_dir():  # resumed after this run's warm start
-        reference = load_reference(out_dir / WARM_START, dtype=getattr(torch, config.model.dtype)).to(accelerator.device)
+    # A fresh run ignores a warm_start/ left in out_dir by an earlier run: only this run's own counts.
+    if algo.kl_coef > 0 and resumed and (out_dir / WARM_START).is_dir():  # resumed after this run's warm start
+        reference = kl_reference(out_dir / WARM_START)
     elif algo.kl_coef > 0 and not model.uses_lora:
-        reference = load_reference(model.meta["base"], dtype=getattr(torch, config.model.dtype)).to(accelerator.device)
+        reference = kl_reference(model.meta["base"])
     run = Run(config=config, model=model, tokenizer=tokenizer, optimizers=optimizers, algo=algo,
               rollout=RolloutSettings.from_config(config.rollout), reference=reference, accelerator=accelerator,
               trainable=trainable, task_pool=task_pool)
@@ -589,18 +595,14 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
                     if main:
                         freeze_warm_start(model, tokenizer, out_dir / WARM_START)
                     accelerator.wait_for_everyone()
-                    run.reference = load_reference(out_dir / WARM_START, dtype=getattr(torch, config.model.dtype))
-                    run.reference.to(accelerator.device)
+                    run.reference = kl_reference(out_dir / WARM_START)
             elif config.sft.episodes > 0 and main:
                 warnings.warn(f"{config.env.id} has no expert_action(): no warm start", RuntimeWarning, stacklevel=2)
             if record or config.eval_every:
                 record |= held_out()
-            if record:
+            if record:  # evaluate() has reported the held-out figure
                 record["iteration"] = 0
                 log(record)
-                if main and "eval/success" in record:
-                    when = "after warm start" if "sft/episodes" in record else "before RL"
-                    print(f"{when}: held-out success {record['eval/success']:.3f}")
             state.sft_done = True
             checkpoint()
         bar = report.bar(range(state.iteration, config.iterations), "iteration", config.iterations,

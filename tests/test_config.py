@@ -165,7 +165,7 @@ def test_every_algorithm_gets_the_same_episodes_per_iteration_by_default(overrid
 
 
 def test_actor_lr_default_depends_on_the_model_kind():
-    from capo_train.config import DEFAULT_ENV_KWARGS, ENV_PRESETS, default_actor_lr, env_kwargs
+    from capo_train.config import DEFAULT_ENV, ENV_PRESETS, default_actor_lr, env_kwargs
 
     assert load_config().optim.actor_lr is None  # auto, resolved by the trainer once the model is known
     assert default_actor_lr(lora=True, parameters=135_000_000) == 2e-4
@@ -173,7 +173,7 @@ def test_actor_lr_default_depends_on_the_model_kind():
     assert default_actor_lr(lora=False, parameters=135_000_000) == 1e-5
     assert load_config(None, ["optim.actor_lr=2e-4"]).optim.actor_lr == 2e-4
     # env.kwargs null: the CPU preset for the ids that have one; another env gets its own defaults
-    assert env_kwargs(load_config().env) == DEFAULT_ENV_KWARGS == ENV_PRESETS["capo/SynthChain-v0"]
+    assert env_kwargs(load_config().env) == ENV_PRESETS[DEFAULT_ENV] == ENV_PRESETS["capo/SynthChain-v0"]
     assert env_kwargs(load_config(None, ["env.id=capo_envs:capo/SynthHop-v0"]).env) == ENV_PRESETS["capo/SynthHop-v0"]
     assert env_kwargs(load_config(None, ["env.id=capo/HotpotQA-v0"]).env) == {}
 

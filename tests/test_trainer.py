@@ -156,3 +156,14 @@ def test_kl_reference_after_a_warm_start_is_the_warm_started_policy(tiny_model_d
     assert record["iteration"] == 1
     assert abs(record["actor/kl_ref"]) < 1e-4, record["actor/kl_ref"]
     assert (tmp_path / "warm_start" / "config.json").is_file()
+
+
+def test_a_fresh_run_ignores_a_warm_start_left_by_an_earlier_run(tiny_model_dir, tmp_path):
+    """Only a resumed run takes its KL reference from run/warm_start: a new run in the same folder (no warm
+    start of its own) anchors to its starting model, so its first KL is ~0."""
+    common = ["model.lora=false", "iterations=1", "eval_every=0", "optim.minibatch_rows=64"]
+    train(config_for(tiny_model_dir, tmp_path, *common, "sft.episodes=8", "sft.epochs=4"), progress=False)
+    assert (tmp_path / "warm_start").is_dir()
+    train(config_for(tiny_model_dir, tmp_path, *common, "sft.episodes=0"), progress=False)
+    record = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()][-1]
+    assert abs(record["actor/kl_ref"]) < 1e-4, record["actor/kl_ref"]
