@@ -439,7 +439,7 @@ class Logger:
                 pass
         if config.log_wandb:
             try:
-                import wandb
+                import wandb  # optional, the extra [wandb]: pip install "capo-gym[wandb]"
 
                 self.wandb = wandb.init(project="capo-gym", config=to_dict(config))
             except ImportError:
