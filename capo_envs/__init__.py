@@ -6,7 +6,10 @@ This package never imports torch or capo_train.
 
 from __future__ import annotations
 
+from .alfworld import CARDS as _ALFWORLD_CARDS
 from .core import CATALOG, EnvCard, TextEnv, is_prepared, register_card
+from .papers import CARDS as _PAPERS_CARDS
+from .webshop import CARDS as _WEBSHOP_CARDS
 
 __version__ = "0.1.0"
 
@@ -71,6 +74,9 @@ for _card in (
     _qa_card("capo/HotpotQA-v0", "hotpotqa", "HotpotQA"),
     _qa_card("capo/2WikiMultihopQA-v0", "2wiki", "2WikiMultihopQA"),
     _qa_card("capo/MuSiQue-v0", "musique", "MuSiQue"),
+    *_ALFWORLD_CARDS,
+    *_WEBSHOP_CARDS,
+    *_PAPERS_CARDS,
 ):
     register_card(_card)
 

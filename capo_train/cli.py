@@ -248,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("env_kwargs", nargs="*", metavar="key=value")
     evaluate.set_defaults(func=_cmd_eval)
 
-    serve = sub.add_parser("serve", help="serve a checkpoint over the OpenAI completions API (for OpenAIBackend)")
+    serve = sub.add_parser("serve", help="serve a checkpoint over the OpenAI completions API (for OpenAIBackend); "
+                           "`capo serve webshop|papers` serve those domains instead")
     serve.add_argument("--checkpoint", required=True, help="a run folder or its checkpoint/")
     serve.add_argument("--host", default="127.0.0.1", help="use 0.0.0.0 to accept other machines")
     serve.add_argument("--port", type=int, default=8000)
@@ -283,12 +284,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# ``capo serve webshop|papers ...``: the domains' own servers (no torch), each with its own parser.
+DOMAIN_SERVERS = {"webshop": "capo_envs.webshop.server", "papers": "capo_envs.papers.server"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "data":
         from data_prep.cli import data_main
 
         return data_main(argv[1:])
+    if len(argv) >= 2 and argv[0] == "serve" and argv[1] in DOMAIN_SERVERS:
+        import importlib
+
+        return importlib.import_module(DOMAIN_SERVERS[argv[1]]).serve_main(argv[2:])
     if argv and argv[0] == "serve-retriever":
         from capo_envs.retrieval.server import serve_main
 

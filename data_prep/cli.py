@@ -11,6 +11,9 @@ from capo_envs.core.paths import DataNotPreparedError
 from .datasets import DATASETS, dataset_info, prepare, verify
 from .download import DownloadError
 
+# Domains whose data is not a QA corpus: each module has its own parser, ``prepare_main(argv) -> int``.
+DOMAIN_PREPARERS = {"alfworld": "data_prep.alfworld", "webshop": "data_prep.webshop", "papers": "data_prep.papers"}
+
 
 def _size(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -24,7 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="capo data", description="Download and index the QA datasets and corpora.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="download a dataset and build its corpus and indexes")
-    p.add_argument("name", choices=DATASETS)
+    p.add_argument("name", choices=DATASETS + tuple(DOMAIN_PREPARERS),
+                   help="a QA dataset, or a domain (each domain has its own options: capo data prepare NAME -h)")
     p.add_argument("--data-dir", help="default: $CAPO_DATA_DIR or ~/.cache/capo")
     p.add_argument("--force", action="store_true", help="rebuild even if already prepared")
     p.add_argument("--dense", action="store_true", help="also build the dense index (needs the [dense] extra)")
@@ -39,6 +43,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def data_main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) >= 2 and argv[0] == "prepare" and argv[1] in DOMAIN_PREPARERS:
+        import importlib
+
+        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+        return importlib.import_module(DOMAIN_PREPARERS[argv[1]]).prepare_main(argv[2:])
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     if args.command == "prepare":
