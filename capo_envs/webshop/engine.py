@@ -1,0 +1,181 @@
+"""WebShop's pages and buttons as a state machine, rendered in the original's simple text mode.
+
+Facts (domain doc §A3; WS web_agent_site/envs/web_agent_text_env.py, engine/engine.py, templates/*.html):
+
+* pages: search (start), results (10 per page, "Next >" always, "< Prev" from page 2), item (option
+  groups, title, price, rating, "Description" / "Features" / "Reviews" / "Buy Now"), sub-pages
+  (description, features, reviews: "Back to Search" and "< Prev" only) and done;
+* the observation is the page's visible strings, stripped, empty ones dropped, joined by " [SEP] ";
+* clickables are the lower-cased buttons and ASIN links plus the option values; ``search[...]`` works from
+  any page (the text env does not check the search bar), ``click[x]`` only when x is clickable;
+* "Back to Search" resets keywords, ASIN and options; "< Prev" on an item returns to its results page (the
+  options are reset), on a sub-page to the item (options kept); clicking an option value sets that group.
+
+Deviation: the done page shows only the thanks and the score (the original also shows an MTurk code and
+the purchase details).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from .shop import ProductSearch, ProductStore
+
+PRODUCT_WINDOW = 10
+SEP = " [SEP] "
+BACK_TO_SEARCH, NEXT_PAGE, PREV_PAGE, BUY_NOW = "Back to Search", "Next >", "< Prev", "Buy Now"
+SUB_PAGES = ("Description", "Features", "Reviews")
+
+SEARCH, RESULTS, ITEM, SUB, DONE = "search", "results", "item", "sub", "done"
+
+
+@dataclass
+class Purchase:
+    asin: str
+    options: dict[str, str]
+    price: float
+
+
+@dataclass
+class PageState:
+    page: str = SEARCH
+    keywords: list[str] = field(default_factory=list)
+    page_num: int = 1
+    asin: str | None = None
+    options: dict[str, str] = field(default_factory=dict)
+    sub_page: str | None = None
+
+
+class ShopSession:
+    """One shopper's session for one goal: ``search(keywords)``, ``click(target)``, ``observation()``.
+
+    ``score(purchase) -> float`` is called on "Buy Now"; the session then shows the done page.
+    """
+
+    def __init__(self, store: ProductStore, search: ProductSearch, instruction: str, score: Callable[[Purchase], float]):
+        self.store = store
+        self.engine = search
+        self.instruction = instruction
+        self._score = score
+        self.state = PageState()
+        self._results: list[str] = []
+        self._results_key: tuple[str, ...] | None = None
+        self.purchase: Purchase | None = None
+        self.reward = 0.0
+
+    # --- what is on the page ---------------------------------------------------------------------------
+    def has_search_bar(self) -> bool:
+        return self.state.page == SEARCH
+
+    def _page_products(self) -> list[dict]:
+        start = (self.state.page_num - 1) * PRODUCT_WINDOW
+        asins = self._results[start : start + PRODUCT_WINDOW]
+        return [p for p in (self.store.get(a) for a in asins) if p is not None]
+
+    def _product(self) -> dict:
+        product = self.store.get(self.state.asin or "")
+        if product is None:  # only reachable with a store that lost a product after search
+            raise KeyError(f"product {self.state.asin} is not in the store")
+        return product
+
+    def clickables(self) -> list[str]:
+        s = self.state
+        if s.page == SEARCH:
+            return ["search"]
+        if s.page == RESULTS:
+            buttons = [BACK_TO_SEARCH] + ([PREV_PAGE] if s.page_num > 1 else []) + [NEXT_PAGE]
+            return [b.lower() for b in buttons] + [p["asin"].lower() for p in self._page_products()]
+        if s.page == ITEM:
+            buttons = [BACK_TO_SEARCH, PREV_PAGE, *SUB_PAGES, BUY_NOW]
+            values = [v for values in self._product()["options"].values() for v in values]
+            return [b.lower() for b in buttons] + values
+        if s.page == SUB:
+            return [BACK_TO_SEARCH.lower(), PREV_PAGE.lower()]
+        return []
+
+    def observation(self) -> str:
+        s = self.state
+        head = ["Instruction:", self.instruction]
+        if s.page == SEARCH:
+            parts = ["WebShop", *head, "Search"]
+        elif s.page == RESULTS:
+            parts = [*head, BACK_TO_SEARCH, f"Page {s.page_num} (Total results: {len(self._results)})"]
+            parts += ([PREV_PAGE] if s.page_num > 1 else []) + [NEXT_PAGE]
+            for p in self._page_products():
+                parts += [p["asin"], p["Title"], p["Price"]]
+        elif s.page == ITEM:
+            p = self._product()
+            parts = [*head, BACK_TO_SEARCH, PREV_PAGE]
+            for name, values in p["options"].items():
+                parts += [name, *values]
+            parts += [p["Title"], f"Price: {p['Price']}", f"Rating: {p.get('Rating', 'N.A.')}", *SUB_PAGES, BUY_NOW]
+        elif s.page == SUB:
+            p = self._product()
+            parts = [*head, BACK_TO_SEARCH, PREV_PAGE]
+            if s.sub_page == "Description":
+                parts.append(p["Description"] or "")
+            elif s.sub_page == "Features":
+                parts += list(p["BulletPoints"])
+        else:
+            parts = ["Thank you for shopping with us!", "Your score (min 0.0, max 1.0)", str(self.reward)]
+        return SEP.join(t for t in (str(x).strip() for x in parts) if t)
+
+    # --- actions ---------------------------------------------------------------------------------------
+    def why_not(self, name: str, arg: str) -> str | None:
+        """Why ``name[arg]`` does nothing here (the original then returns the same page), or None."""
+        if self.state.page == DONE:
+            return "the purchase is done"
+        if name == "search":
+            return None if arg.strip() else "search needs keywords"
+        if name != "click":
+            return f"unknown action {name!r}; use search[...] or click[...]"
+        if arg == "search" or arg not in self.clickables():
+            return f"{arg[:60]!r} is not a clickable on this page"
+        return None
+
+    def search(self, keywords: str) -> None:
+        s = self.state
+        self.state = PageState(page=RESULTS, keywords=keywords.split(" "), page_num=1)
+        del s
+        self._run_search()
+
+    def _run_search(self) -> None:
+        key = tuple(self.state.keywords)
+        if key != self._results_key:
+            self._results = self.engine.search(self.state.keywords)
+            self._results_key = key
+
+    def click(self, target: str) -> float:
+        """Apply a valid click; returns the reward (non-zero only for "buy now")."""
+        s = self.state
+        if target == BACK_TO_SEARCH.lower():
+            self.state = PageState()
+        elif s.page == RESULTS and target == NEXT_PAGE.lower():
+            s.page_num += 1
+        elif s.page == RESULTS and target == PREV_PAGE.lower():
+            s.page_num -= 1
+        elif s.page == RESULTS:  # an ASIN link
+            s.page, s.asin, s.options = ITEM, target.upper(), {}
+        elif s.page == ITEM and target == PREV_PAGE.lower():
+            s.page, s.asin, s.options = RESULTS, None, {}
+        elif s.page == ITEM and target == BUY_NOW.lower():
+            self.purchase = Purchase(s.asin or "", dict(s.options), self.store.price(s.asin or ""))
+            self.reward = float(self._score(self.purchase))
+            s.page = DONE
+            return self.reward
+        elif s.page == ITEM and target in [b.lower() for b in SUB_PAGES]:
+            s.page, s.sub_page = SUB, next(b for b in SUB_PAGES if b.lower() == target)
+        elif s.page == ITEM:  # an option value: set its group
+            for name, values in self._product()["options"].items():
+                if target in values:
+                    s.options[name] = target
+                    break
+        elif s.page == SUB and target == PREV_PAGE.lower():
+            s.page, s.sub_page = ITEM, None
+        return 0.0
+
+    def snapshot(self) -> Mapping[str, Any]:
+        s = self.state
+        return {"page": s.page, "keywords": " ".join(s.keywords), "page_num": s.page_num, "asin": s.asin or "",
+                "options": dict(s.options)}  # fmt: skip

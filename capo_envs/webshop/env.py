@@ -1,0 +1,223 @@
+"""``ShopEnv``: WebShop as a capo TextEnv, over any shop (the real catalogue or SynthShop's generated one).
+
+One task = one goal (by its index in the shuffled goal list, the original's ``fixed_{i}`` session).
+Buying ends the episode (``terminated``) with the original's reward (``reward="score"``) or the CAPO
+authors' (``reward="capo"``: +10 on success, and an invalid action costs 0.1 unless ``invalid_penalty`` is
+given); 15 actions without a purchase truncate it. Success = score 1 (WS baselines' ``r == 1``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Mapping, Sequence
+
+from ..core.env import Outcome, TextEnv
+from ..core.protocol import Action, ToolSpec
+from .engine import BUY_NOW, DONE, ITEM, NEXT_PAGE, PREV_PAGE, RESULTS, SUB, BACK_TO_SEARCH, Purchase, ShopSession
+from .nouns import get_tagger
+from .protocol import WebShopProtocol
+from .reward import FUZZY_THRESHOLD, score_purchase, token_set_ratio
+from .shop import ProductSearch, ProductStore
+
+DEFAULT_MAX_STEPS = 15  # CAPO and verl-agent's budget (ReAct: 15 env calls)
+REWARDS = ("score", "capo")
+CAPO_SUCCESS_REWARD, CAPO_INVALID_PENALTY = 10.0, 0.1
+TOOLS = (
+    ToolSpec("search", "keywords", "search the shop for products"),
+    ToolSpec("click", "value", "click a button, a product ID or an option value on the page"),
+)
+NO_OPTIONS = -1.0  # r_option in info when the goal has no options (the original's None)
+
+
+class ShopEnv(TextEnv):
+    """Observations in the original's text mode; actions ``search[...]`` / ``click[...]``.
+
+    ``goals``: the goals of this split in order (the original's dict layout); ``task_prefix`` names them.
+    ``info["available_actions"]``: ``search[<keywords>]`` where the page has a search bar, then ``click[x]`` for
+    every clickable. On the buying step ``info["reward_parts"]`` holds the reward's parts (floats).
+    """
+
+    def __init__(
+        self,
+        store: ProductStore,
+        search: ProductSearch,
+        goals: Sequence[Mapping],
+        *,
+        task_prefix: str,
+        goal_offset: int = 0,
+        max_steps: int = DEFAULT_MAX_STEPS,
+        reward: str = "score",
+        invalid_penalty: float | None = None,
+        noun_tagger: str = "auto",
+        action_format: str = "plain",
+        max_context_chars: int | None = None,
+        render_mode: str | None = None,
+    ):
+        if importlib.util.find_spec("thefuzz") is None:
+            raise ImportError("WebShop's reward needs thefuzz: pip install 'capo-gym[webshop]'")
+        if reward not in REWARDS:
+            raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
+        if invalid_penalty is None:
+            invalid_penalty = CAPO_INVALID_PENALTY if reward == "capo" else 0.0
+        protocol = WebShopProtocol(TOOLS, action_format=action_format)
+        super().__init__(
+            protocol, max_steps=max_steps, invalid_penalty=invalid_penalty, max_context_chars=max_context_chars,
+            render_mode=render_mode,
+        )  # fmt: skip
+        protocol.illegal, protocol.page = self._why_not, self._page_text
+        if not goals:
+            raise ValueError("this split has no goals")
+        self.store, self.search_engine, self.goals = store, search, list(goals)
+        self.reward_kind = reward
+        self.tagger = get_tagger(noun_tagger)
+        self._ids = [f"{task_prefix}-{goal_offset + i}" for i in range(len(self.goals))]
+        self._index = {task_id: i for i, task_id in enumerate(self._ids)}
+        self._session: ShopSession | None = None
+        self._goal: Mapping | None = None
+        self._parts: dict[str, Any] | None = None
+
+    # --- TextEnv ----------------------------------------------------------------------------------------
+    def task_ids(self) -> Sequence[str]:
+        return self._ids
+
+    def _start(self, task_id: str) -> tuple[str, dict[str, Any]]:
+        self._goal = self.goals[self._index[task_id]]
+        self._session = ShopSession(self.store, self.search_engine, self._goal["instruction_text"], self._score)
+        self._parts = None
+        return self._session.observation(), {"instruction": self._goal["instruction_text"]}
+
+    def _act(self, action: Action) -> Outcome:
+        session = self._require_session()
+        if action.name == "search":
+            session.search(action.args["keywords"])
+            return Outcome(session.observation(), info={"page": session.state.page})
+        score = session.click(action.args["value"])
+        if session.state.page != DONE:
+            return Outcome(session.observation(), info={"page": session.state.page})
+        reward = score if self.reward_kind == "score" else CAPO_SUCCESS_REWARD * (score == 1.0)
+        parts = {k: float(NO_OPTIONS if v is None else v) for k, v in (self._parts or {}).items()}
+        return Outcome(session.observation(), reward=reward, terminated=True, info={"page": DONE, "reward_parts": parts})
+
+    def _metrics(self) -> dict[str, float]:
+        session, goal = self._require_session(), self._goal or {}
+        parts = self._parts or {}
+        bought = session.purchase
+        return {
+            "success": float(bought is not None and session.reward == 1.0),
+            "score": session.reward if bought else 0.0,
+            "purchased": float(bought is not None),
+            "exact_product": float(bought is not None and bought.asin == goal.get("asin")),
+            "r_type": float(parts.get("r_type", 0.0)),
+            "r_att": float(parts.get("r_att", 0.0)),
+            "r_price": float(parts.get("r_price", 0.0)),
+        }
+
+    def available_actions(self) -> list[str] | None:
+        session = self._session
+        if session is None:
+            return None
+        actions = ["search[<keywords>]"] if session.has_search_bar() else []
+        return actions + [f"click[{c}]" for c in session.clickables() if c != "search"]
+
+    def close(self) -> None:
+        self.store.close()
+        self.search_engine.close()
+        super().close()
+
+    # --- helpers ----------------------------------------------------------------------------------------
+    def _require_session(self) -> ShopSession:
+        if self._session is None:
+            raise RuntimeError("call reset() first")
+        return self._session
+
+    def _why_not(self, action: Action) -> str | None:
+        if self._session is None:
+            return "call reset() first"
+        arg = action.args.get("keywords", action.args.get("value", ""))
+        return self._session.why_not(action.name, arg)
+
+    def _page_text(self) -> str:
+        return self._session.observation() if self._session is not None else ""
+
+    def _score(self, purchase: Purchase) -> float:
+        product = self.store.get(purchase.asin)
+        assert product is not None and self._goal is not None
+        self._parts = score_purchase(product, self._goal, purchase.price, purchase.options, tagger=self.tagger)
+        return self._parts["total_reward"]
+
+    @property
+    def goal(self) -> Mapping | None:
+        return self._goal
+
+    # --- the oracle -------------------------------------------------------------------------------------
+    def oracle_query(self) -> str:
+        """The goal's key terms: its attributes and its product type (the scraped search query)."""
+        goal = self._goal or {}
+        return " ".join([*goal.get("attributes", []), goal.get("query", "")]).strip().lower()
+
+    def expert_action(self) -> str | None:
+        """Search the goal's key terms, page to the target product, click the goal's options, buy.
+
+        If the target is not among the hits, search again with its title (it then ranks first)."""
+        if self._done or self._session is None or self._goal is None:
+            return None
+        session, goal = self._session, self._goal
+        state, target = session.state, goal["asin"]
+        render = self.protocol.render
+        if state.page == SUB:
+            return render(Action("click", {"value": PREV_PAGE.lower()}))
+        if state.page == ITEM and state.asin != target:
+            return render(Action("click", {"value": PREV_PAGE.lower()}))
+        if state.page == ITEM:
+            for value in self._options_to_click(state.options):
+                return render(Action("click", {"value": value}))
+            return render(Action("click", {"value": BUY_NOW.lower()}))
+        if state.page == RESULTS and target in session._results:
+            rank = session._results.index(target)
+            want_page = rank // 10 + 1
+            if want_page == state.page_num:
+                return render(Action("click", {"value": target.lower()}))
+            return render(Action("click", {"value": (NEXT_PAGE if want_page > state.page_num else PREV_PAGE).lower()}))
+        query = self.oracle_query()
+        if state.page == RESULTS and " ".join(state.keywords) == query:  # the key terms missed the target
+            query = self._target_title()
+        if not query:
+            return render(Action("click", {"value": BACK_TO_SEARCH.lower()}))
+        return render(Action("search", {"keywords": query}))
+
+    def _target_title(self) -> str:
+        product = self.store.get(self._goal["asin"]) if self._goal else None
+        return (product or {}).get("Title", "").lower() or self.oracle_query()
+
+    def _options_to_click(self, selected: Mapping[str, str]) -> list[str]:
+        """The option values the goal asks for that are not selected yet."""
+        product = self.store.get(self._goal["asin"]) or {}
+        groups: Mapping[str, Sequence[str]] = product.get("options", {})
+        wanted = self._goal["goal_options"]
+        clicks = []
+        if isinstance(wanted, Mapping):
+            for name, value in wanted.items():
+                if value in groups.get(name, ()) and selected.get(name) != value:
+                    clicks.append(value)
+            return clicks
+        chosen = dict(selected)
+        for option in wanted:
+            best = _best_value(option, groups)
+            if best is not None and chosen.get(best[0]) != best[1]:
+                chosen[best[0]] = best[1]
+                clicks.append(best[1])
+        return clicks
+
+
+def _best_value(option: str, groups: Mapping[str, Sequence[str]]) -> tuple[str, str] | None:
+    """The (group, value) equal to a human goal's option string, else its best fuzzy match above 85."""
+    for name, values in groups.items():
+        if option in values:
+            return name, option
+    best, best_score = None, FUZZY_THRESHOLD
+    for name, values in groups.items():
+        for value in values:
+            score = token_set_ratio(value, option)
+            if score > best_score:
+                best, best_score = (name, value), score
+    return best
