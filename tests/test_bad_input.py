@@ -26,7 +26,11 @@ from test_env_contract import close_promptly, make_vector
 
 # Smallest settings that still build a real env, for ids whose default is slower than it needs to be here.
 # Short episodes so the fuzz examples (at most 8 actions, few of them the oracle's) end some episodes.
-FAST_KWARGS = {"capo/SynthHop-v0": {"size": "tiny"}, "capo/SynthShop-v0": {"max_steps": 4}}
+FAST_KWARGS = {
+    "capo/SynthHop-v0": {"size": "tiny"},
+    "capo/SynthShop-v0": {"max_steps": 4},
+    "capo/SynthHouse-v0": {"size": "tiny", "max_steps": 4, "num_tasks": 6},
+}
 
 
 def offline_variants() -> list[tuple[str, dict]]:

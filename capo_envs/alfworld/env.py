@@ -1,0 +1,223 @@
+"""``capo/ALFWorld-v0``: the released ALFWorld games on the real engine, one game at a time per env.
+
+``HouseEnv`` is what ALFWorld-v0 and SynthHouse-v0 share: an engine process (``engine.Engine``, TextWorld's
+PDDL engine with ALFWorld's wrappers) plays the chosen game, and the Gymnasium contract sits on top:
+
+- observation: the engine's text (at reset the welcome text, the room and "Your task is to: ..."), then, with
+  ``show_actions`` (default), the admissible commands without ``help`` (as verl-agent and CAPO show them);
+- ``info["available_actions"]``: the engine's admissible commands, exactly (sorted, ``help`` included);
+- an action is ``<action>command</action>`` (``action_format="tool_call"``: the CAPO authors'
+  ``<tool_call>{"name": "env_step", "arguments": {"command": ...}}</tool_call>``); the command is lower-cased
+  and its spaces collapsed, as verl-agent does;
+- a malformed action costs a step and gets format feedback (``action_valid=False``); a well-formed command
+  that is not admissible still goes to the engine, which answers "Nothing happens." and leaves the state as
+  it was, and the step is ``action_valid=False`` with ``invalid_reason`` saying so (CAPO passes such commands
+  through too); both cost ``invalid_penalty`` (default 0) and use up a step, as TextWorld's step limit does;
+- reward ``win_reward`` (default 1, CAPO's; verl-agent pays 10) on the step that wins, else 0;
+  ``terminated`` when won, ``truncated`` when the step budget (``max_steps``, default 50, ALFWorld's and
+  verl-agent's) runs out; ``PRESETS["capo"]`` is the CAPO paper's setting (20 steps, tool calls);
+- ``expert_action()``: the next command of ALFWorld's handcoded expert (``AlfredExpert``, "handcoded"), in
+  the env's action format; "look" at reset, as in ALFWorld; None once the episode is over or the expert has
+  given up;
+- ``info["metrics"]`` at the end: ``success`` (won), ``nonadmissible`` (well-formed commands the engine did
+  not accept), ``steps``, ``invalid_actions``; ``info["task_type"]`` on reset.
+
+Every engine call has a timeout (``engine_timeout`` seconds, plus the start-up on the first call); a call that
+runs past it kills the engine process, and the step ends the episode as ``truncated`` with
+``ended_by="engine_error"`` (the next reset starts a fresh process). ``close()`` ends the process.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..core.env import Outcome, TextEnv
+from ..core.paths import DataNotPreparedError, dataset_dir, is_prepared
+from ..core.protocol import Action
+from .engine import Engine, EngineError, require_engine
+from .games import GameRef, canonical_split, find_games, resolve_task_types
+from .protocol import make_protocol
+
+DEFAULT_MAX_STEPS = 50  # ALFWorld's config (max_nb_steps_per_episode) and verl-agent's env.max_steps
+PRESETS = {
+    "alfworld": {"max_steps": 50, "action_format": "tags", "win_reward": 1.0},
+    # CAPO recipe/alfworld: 20 steps, env_step tool calls, reward 1/0 (capo-spec 3.3).
+    "capo": {"max_steps": 20, "action_format": "tool_call", "win_reward": 1.0},
+    # verl-agent/GiGPO: 50 steps, <action> tags, 10 on a win.
+    "verl-agent": {"max_steps": 50, "action_format": "tags", "win_reward": 10.0},
+}
+
+
+def normalize_command(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+class HouseEnv(TextEnv):
+    """A TextEnv over one ALFWorld game at a time; subclasses say which games exist and how one is loaded."""
+
+    def __init__(
+        self,
+        *,
+        action_format: str = "tags",
+        max_steps: int = DEFAULT_MAX_STEPS,
+        win_reward: float = 1.0,
+        invalid_penalty: float = 0.0,
+        show_actions: bool = True,
+        engine_timeout: float = 60.0,
+        max_context_chars: int | None = None,
+        render_mode: str | None = None,
+    ):
+        require_engine()
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int):
+            raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
+        super().__init__(
+            make_protocol(action_format),
+            max_steps=max_steps,
+            invalid_penalty=invalid_penalty,
+            max_context_chars=max_context_chars,
+            render_mode=render_mode,
+        )
+        self.action_format = action_format
+        self.win_reward = float(win_reward)
+        self.show_actions = bool(show_actions)
+        self._engine = Engine(call_timeout=float(engine_timeout))
+        self._loaded: str | None = None  # the task whose game the engine process holds
+        self._state: dict[str, Any] = {"feedback": "", "admissible": [], "won": False, "expert": None}
+        self._nonadmissible = 0
+        self._step_note: str | None = None
+        self._engine_failure: str | None = None
+
+    # --- what a subclass provides ----------------------------------------------------------------------------
+    def _load_request(self, task_id: str) -> dict[str, Any]:
+        """The engine request that loads ``task_id``'s game."""
+        raise NotImplementedError
+
+    def task_type(self, task_id: str) -> str:
+        raise NotImplementedError
+
+    # --- TextEnv hooks -----------------------------------------------------------------------------------------
+    def _start(self, task_id: str) -> tuple[str, dict[str, Any]]:
+        self._nonadmissible = 0
+        self._engine_failure = None
+        request = {"op": "reset"} if self._loaded == task_id and self._engine.alive() else self._load_request(task_id)
+        self._loaded = None
+        state = self._engine.call(request)  # an engine failure at reset raises: there is no episode to end
+        self._loaded = task_id
+        self._state = state
+        return self._observe(state), {"task_type": self.task_type(task_id)}
+
+    def _act(self, action: Action) -> Outcome:
+        command = normalize_command(action.args["command"])
+        admissible = command in self._state["admissible"]
+        try:
+            state = self._engine.call({"op": "step", "command": command})
+        except EngineError as error:
+            self._loaded = None
+            self._engine_failure = str(error)
+            self._steps = max(self._steps, self.max_steps)  # TextEnv ends the episode as truncated
+            return Outcome(f"The game engine failed ({error}). The episode ends here.")
+        self._state = state
+        reward = 0.0
+        if not admissible:
+            self._nonadmissible += 1
+            self._invalid_actions += 1
+            self._step_note = f"{command[:80]!r} is not an admissible command now; the game says: {state['feedback']}"
+            reward -= self.invalid_penalty
+        if state["won"]:
+            reward += self.win_reward
+        return Outcome(self._observe(state), reward=reward, terminated=bool(state["won"]))
+
+    def _metrics(self) -> dict[str, float]:
+        return {"success": float(self._state["won"]), "nonadmissible": float(self._nonadmissible)}
+
+    def available_actions(self) -> list[str] | None:
+        return list(self._state["admissible"])
+
+    def expert_action(self) -> str | None:
+        if self._done or not self._state.get("expert"):
+            return None
+        return self.protocol.render(Action(next(iter(self.protocol.tools)), {"command": self._state["expert"]}))
+
+    def step(self, action: Any) -> tuple[str, float, bool, bool, dict]:
+        self._step_note = None
+        steps_before = self._steps
+        observation, reward, terminated, truncated, info = super().step(action)
+        info["command"] = normalize_command(info["action"]["args"]["command"]) if info["action_valid"] else ""
+        if self._step_note is not None:  # well-formed, not admissible: the engine said "Nothing happens."
+            info.update(action_valid=False, action={"name": "", "args": {}}, invalid_reason=self._step_note)
+        elif not info["action_valid"] and self.show_actions and not (terminated or truncated):
+            observation = self._fit(observation + "\n" + self._actions_text())
+        if self._engine_failure is not None and truncated:
+            info["ended_by"] = "engine_error"
+            info["metrics"]["steps"] = float(steps_before + 1)
+            self._steps = steps_before + 1
+        return observation, reward, terminated, truncated, info
+
+    def close(self) -> None:
+        self._engine.close()
+        self._loaded = None
+        super().close()
+
+    # --- text ------------------------------------------------------------------------------------------------
+    def _observe(self, state: dict[str, Any]) -> str:
+        text = state["feedback"].strip()
+        if self.show_actions and not state["won"]:
+            text += "\n\n" + self._actions_text(state)
+        return text
+
+    def _actions_text(self, state: dict[str, Any] | None = None) -> str:
+        commands = [c for c in (state or self._state)["admissible"] if c != "help"]
+        return "Admissible commands: " + ", ".join(commands) + "."
+
+    @property
+    def engine_pid(self) -> int | None:
+        """The engine process's id (None before the first reset and after ``close()``)."""
+        return self._engine.pid
+
+
+class ALFWorldEnv(HouseEnv):
+    """The released ALFWorld games (``json_2.1.1`` train 3,553 / valid_seen 140 / valid_unseen 134).
+
+    ``data_dir``: a folder in the official ``$ALFWORLD_DATA`` layout (default ``$CAPO_DATA_DIR/alfworld``, which
+    ``capo data prepare alfworld`` builds); ``split``: train, valid_seen (alias dev, eval_in_distribution) or
+    valid_unseen (alias test, eval_out_of_distribution); ``task_types``: ids 1-6 or names (default all);
+    ``num_games``: keep the first N games (as ALFWorld's num_train_games). Task ids are the trial folders,
+    ``<task>-<Object>-<Movable>-<Recep>-<scene>/trial_T...``.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike | None = None,
+        split: str = "train",
+        task_types: Sequence[int | str] | None = None,
+        num_games: int | None = None,
+        **kwargs: Any,
+    ):
+        if data_dir is None:
+            if not is_prepared("alfworld"):
+                raise DataNotPreparedError(
+                    f"ALFWorld is not prepared (missing {dataset_dir('alfworld')}). Run: capo data prepare alfworld"
+                )
+            data_dir = dataset_dir("alfworld")
+        self.data_dir = Path(data_dir).expanduser()
+        self.split = canonical_split(split)
+        self.task_types = resolve_task_types(task_types)
+        games = find_games(self.data_dir, self.split, self.task_types)
+        if num_games is not None:
+            if isinstance(num_games, bool) or not isinstance(num_games, int) or num_games < 1:
+                raise ValueError(f"num_games must be an int >= 1, got {num_games!r}")
+            games = games[:num_games]
+        self.games: dict[str, GameRef] = {g.task_id: g for g in games}
+        self._ids = tuple(self.games)
+        super().__init__(**kwargs)
+
+    def task_ids(self) -> Sequence[str]:
+        return self._ids
+
+    def task_type(self, task_id: str) -> str:
+        return self.games[task_id].task_type
+
+    def _load_request(self, task_id: str) -> dict[str, Any]:
+        return {"op": "load", "path": str(self.games[task_id].path)}

@@ -1,0 +1,156 @@
+"""capo/SynthHouse-v0: generated ALFWorld games, deterministic from a seed, that the real engine plays and the
+handcoded expert wins (needs the ``alfworld`` extra; skipped without it)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+from capo_envs.alfworld.engine import engine_available
+from capo_envs.alfworld.games import TASK_TYPE_NAMES
+
+pytestmark = pytest.mark.skipif(not engine_available(), reason="the alfworld extra is not installed")
+
+
+def test_games_are_deterministic_in_the_task_id_and_use_alfworlds_domain_and_grammar():
+    from alfworld.info import ALFRED_PDDL_PATH
+
+    from capo_envs.alfworld.housegen import make_game
+
+    game, traj = make_game("synthhouse-small-0-train-3-pick_heat_then_place_in_recep", "pick_heat_then_place_in_recep")
+    again, _ = make_game("synthhouse-small-0-train-3-pick_heat_then_place_in_recep", "pick_heat_then_place_in_recep")
+    other, _ = make_game("synthhouse-small-0-train-9-pick_heat_then_place_in_recep", "pick_heat_then_place_in_recep")
+    assert game == again and game["pddl_problem"] != other["pddl_problem"]
+    assert game["pddl_domain"] == Path(ALFRED_PDDL_PATH).read_text() and game["solvable"] is True
+    assert "UNKNOWN GOAL" not in game["grammar"] and traj["task_type"] == "pick_heat_then_place_in_recep"
+    assert "(isHot ?o)" in game["pddl_problem"] and "(:domain alfred)" in game["pddl_problem"]
+    assert "_bar_" in game["pddl_problem"]  # THOR-style ids, demangled by ALFWorld into "apple 1"
+
+
+def test_every_task_type_translates_with_fast_downward():
+    import fast_downward
+
+    from capo_envs.alfworld.housegen import make_game
+
+    for size in ("tiny", "large"):
+        for task_type in TASK_TYPE_NAMES:
+            game, _ = make_game(f"t-{size}-{task_type}", task_type, size)
+            task, sas = fast_downward.pddl2sas(game["pddl_domain"], game["pddl_problem"])
+            assert "begin_goal" in sas and len(task.objects) > 100
+
+
+def test_task_ids_splits_types_and_kwargs():
+    env = gym.make("capo/SynthHouse-v0", split="dev", num_tasks=12, task_types=[2, "pick_two_obj_and_place"])
+    ids = env.unwrapped.task_ids()
+    assert len(ids) == 12 and ids[0] == "synthhouse-small-0-dev-0-look_at_obj_in_light"
+    assert {env.unwrapped.task_type(i) for i in ids} == {"look_at_obj_in_light", "pick_two_obj_and_place"}
+    train = gym.make("capo/SynthHouse-v0", num_tasks=12).unwrapped.task_ids()
+    assert not set(ids) & set(train)
+    for bad in ({"size": "huge"}, {"split": "valid"}, {"task_types": [0]}, {"seed": "1"}, {"num_tasks": 0}):
+        with pytest.raises(ValueError):
+            gym.make("capo/SynthHouse-v0", **bad)
+    env.close()
+
+
+def test_expert_wins_a_sample_of_each_task_type():
+    env = gym.make("capo/SynthHouse-v0", size="small", split="test")
+    base = env.unwrapped
+    for index in range(6):  # ids cycle through the six types
+        obs, info = env.reset(options={"task_index": index})
+        assert "Your task is to:" in obs and "Admissible commands:" in obs
+        assert info["task_type"] == TASK_TYPE_NAMES[index]
+        done = False
+        while not done:
+            _, reward, terminated, truncated, info = env.step(base.expert_action())
+            assert info["action_valid"], info["invalid_reason"]
+            done = terminated or truncated
+        assert terminated and reward == 1.0 and info["metrics"]["success"] == 1.0, info["task_id"]
+        assert base.expert_action() is None
+    env.close()
+
+
+def test_same_task_same_game_and_the_expert_replays_the_same_walkthrough():
+    env = gym.make("capo/SynthHouse-v0", size="tiny", split="dev")
+    walks = []
+    for _ in range(2):
+        obs, _ = env.reset(options={"task_index": 5})
+        walk = [obs]
+        done = False
+        while not done:
+            obs, _, terminated, truncated, _ = env.step(env.unwrapped.expert_action())
+            walk.append(obs)
+            done = terminated or truncated
+        walks.append(walk)
+    assert walks[0] == walks[1] and terminated
+    env.close()
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.slow
+def test_memory_stays_flat_over_1000_resets():
+    env = gym.make("capo/SynthHouse-v0", size="tiny", split="dev", num_tasks=4)
+    for i in range(100):  # warm-up: every task generated, checked and cached
+        env.reset(options={"task_index": i % 4})
+        env.step("<action>look</action>")
+    pid = env.unwrapped.engine_pid
+    before = rss_mb(os.getpid()) + rss_mb(pid)
+    for i in range(1000):
+        env.reset(options={"task_index": i % 4})
+    after = rss_mb(os.getpid()) + rss_mb(env.unwrapped.engine_pid)
+    assert env.unwrapped.engine_pid == pid
+    assert after - before < 25, f"RSS grew from {before:.0f} MB to {after:.0f} MB over 1,000 resets"
+    env.close()
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_vector_envs_close_their_engines_and_orphans_exit():
+    make = lambda: gym.make("capo/SynthHouse-v0", size="tiny", num_tasks=3)  # noqa: E731
+    sync = gym.vector.SyncVectorEnv([make, make])
+    sync.reset(seed=[0, 1])
+    sync.step([a or "" for a in sync.call("expert_action")])
+    pids = sync.call("engine_pid")
+    sync.close()
+    assert all(pid is not None for pid in pids) and not any(alive(pid) for pid in pids)
+    # An AsyncVectorEnv whose workers die without closing: each engine reads the end of its input and exits.
+    envs = gym.vector.AsyncVectorEnv([make, make], shared_memory=False)
+    envs.reset(seed=[0, 1])
+    pids = envs.call("engine_pid")
+    for process in envs.processes:
+        process.kill()
+    deadline = time.monotonic() + 20
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in pids)
+
+
+@pytest.mark.parametrize("action_format", ["tags", "tool_call"])
+def test_gymnasium_check_env(action_format):
+    from gymnasium.utils.env_checker import check_env
+
+    env = gym.make("capo/SynthHouse-v0", size="tiny", action_format=action_format, disable_env_checker=True)
+    check_env(env.unwrapped, skip_render_check=False)
+    env.close()
+
+
+def test_the_capo_paper_preset():
+    from capo_envs.alfworld.env import PRESETS
+
+    env = gym.make("capo/SynthHouse-v0", size="tiny", **PRESETS["capo"]).unwrapped
+    assert env.max_steps == 20 and env.protocol.stop_strings == ("</tool_call>",) and env.win_reward == 1.0
+    assert gym.make("capo/SynthHouse-v0", **PRESETS["verl-agent"]).unwrapped.win_reward == 10.0
