@@ -131,8 +131,14 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         else:
             model, tokenizer = load_checkpoint(_checkpoint_dir(args.checkpoint))
         progress = Progress("capo eval", file=sys.stderr)  # stdout is the JSON result
-        print(json.dumps(evaluate(model, tokenizer, config, envs, args.episodes, backend=backend, progress=progress),
-                         indent=2))
+        record = None
+        if args.record:  # capo view DIR shows them (episodes/eval-000000.jsonl)
+            from .episodes import held_out_recorder
+
+            config.out_dir, config.record_every, config.record_episodes = args.record, 1, args.episodes
+            record = held_out_recorder(config, 0, tokenizer, envs[0])
+        print(json.dumps(evaluate(model, tokenizer, config, envs, args.episodes, backend=backend, progress=progress,
+                                  on_trajectories=record), indent=2))
     finally:
         for env in envs:
             env.close()
@@ -207,6 +213,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_view(args: argparse.Namespace) -> int:
+    from .viewer import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="capo", description="capo-gym: text envs for LLM agents and CAPO.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -245,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--env", default="capo/SynthHop-v0")
     evaluate.add_argument("--split", default="test")
     evaluate.add_argument("--episodes", type=int, default=100)
+    evaluate.add_argument("--record", metavar="DIR", help="also write the episodes to DIR/episodes/ for capo view")
     evaluate.add_argument("env_kwargs", nargs="*", metavar="key=value")
     evaluate.set_defaults(func=_cmd_eval)
 
@@ -277,6 +290,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("overrides", nargs="*", metavar="key=value",
                        help="grid keys, e.g. iterations=4, or base.<train key>, e.g. base.model.path=DIR")
     bench.set_defaults(func=_cmd_bench)
+
+    view = sub.add_parser("view", help="a local web page over run folders: curves, config, recorded episodes "
+                          "with each action's credit, runs side by side, bench grids (--html OUT: static files)")
+    from .viewer import add_arguments as add_view_arguments
+
+    add_view_arguments(view)
+    view.set_defaults(func=_cmd_view)
 
     # These two hand their arguments to modules with their own parsers.
     sub.add_parser("data", help="download and prepare datasets: capo data prepare|list|verify ...", add_help=False)

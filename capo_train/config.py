@@ -118,6 +118,10 @@ class TrainConfig:
     log_entropy: bool = True  # policy entropy on action tokens (one extra pass over the LM-head logits)
     log_tensorboard: bool = True
     log_wandb: bool = False
+    # capo view: every N RL iterations (and the first and last) write a sample of the episodes with how each
+    # action was credited to episodes/iter-N.jsonl (capo_train/episodes.py); 0: never.
+    record_every: int = 10
+    record_episodes: int = 16  # most episodes written per recorded iteration (texts are cut too)
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -302,6 +306,8 @@ CONFIG_RULES: dict[str, Rule] = {
     "out_dir": NAME,
     "eval_every": _int_at_least(0),
     "eval_episodes": _int_at_least(0),
+    "record_every": _int_at_least(0),
+    "record_episodes": _int_at_least(1),
     "model.path": NAME,
     "model.dtype": _one_of(*DTYPES),
     "model.lora_r": _int_at_least(1),

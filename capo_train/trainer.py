@@ -41,6 +41,7 @@ from .algorithms.losses import action_log_ratio, entropy_loss
 from .backends.base import GenerationBackend
 from .backends.hf import HFBackend
 from .config import ConfigError, TrainConfig, batch_shape, default_actor_lr, env_kwargs, env_spec, to_dict
+from .episodes import held_out_recorder, recorder_for
 from .models.actor_critic import ActorCritic, LoraSettings, build_actor_critic, load_reference
 from .models.checkpoints import CHECKPOINT, RunState, load_run, save_run
 from .models.logprobs import evaluating, reference_logp
@@ -299,6 +300,7 @@ def update(
     config: TrainConfig,
     generator: torch.Generator,
     accelerator=None,
+    probe=None,
 ) -> dict[str, float]:
     """Critic first (its own pass, unless it shares the actor's forward), then the actor.
 
@@ -336,6 +338,8 @@ def update(
             if advantages.dim() == 2:
                 advantages = advantages[:, :L]
             loss, diag = algo.policy_loss(logp, mb.old_logp, advantages, mb.action_mask)
+            if probe is not None:  # capo view: each action's ratio and clip decision (episodes.py)
+                probe(mb.action_id, logp, mb.old_logp, advantages, mb.action_mask)
             if kl_coef > 0:
                 kl, _ = kl_loss(logp, targets.ref_logp[mb.action_id, :L], mb.action_mask, kind=algo.settings.get("kl_type", "k3"))
                 loss = loss + kl_coef * kl
@@ -388,12 +392,12 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
 
 def evaluate(
     model: ActorCritic | None, tokenizer, config: TrainConfig, envs: list[gym.Env], episodes: int, accelerator=None,
-    backend: GenerationBackend | None = None, progress: Progress = SILENT,
+    backend: GenerationBackend | None = None, progress: Progress = SILENT, on_trajectories=None,
 ) -> dict[str, float]:
     """Greedy decoding on the first ``episodes`` tasks of the held-out split (the same tasks every time;
     for an env without ``task_ids()`` the held-out reset seeds, ``rollout.env_tasks``), shared out among the
     processes. ``backend`` generates instead of ``model`` (e.g. an ``OpenAIBackend`` in front of a server;
-    ``model`` may then be None)."""
+    ``model`` may then be None). ``on_trajectories``: called with the episodes (``capo view``'s recording)."""
     task_ids = list(env_tasks(envs[0], held_out=True)[:episodes]) if envs else []
     start = time.perf_counter()
     progress.say(f"held-out evaluation: {len(task_ids)} episodes")
@@ -408,6 +412,8 @@ def evaluate(
             trajectories = collect(envs, backend, tokenizer, settings, tasks_per_batch=len(task_ids), group_size=1,
                                    task_ids=task_ids, seed=config.seed)
     trajectories = gather_trajectories(trajectories, accelerator)
+    if on_trajectories is not None:
+        on_trajectories(trajectories)
     stats = rollout_stats(trajectories)
     progress.say(f"held-out success {stats.get('success', math.nan):.2f} ({len(trajectories)} episodes, "
                  f"{duration(time.perf_counter() - start)})")
@@ -504,8 +510,10 @@ def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, flo
         mask = batch.action_mask.bool() if targets.returns.dim() == 2 else torch.ones_like(targets.returns, dtype=torch.bool)
         record["critic/explained_variance"] = explained_variance(targets.old_values[mask], targets.returns[mask])
     generator = torch.Generator().manual_seed(iteration_seed(config.seed, iteration, salt=1))
+    recorder = recorder_for(config, iteration, algo) if accelerator is None or accelerator.is_main_process else None
     update_start = time.perf_counter()
-    record |= update(run.trainable or model, run.optimizers, algo, batch, targets, config, generator, accelerator)
+    record |= update(run.trainable or model, run.optimizers, algo, batch, targets, config, generator, accelerator,
+                     probe=recorder.observe if recorder is not None else None)
     update_s = time.perf_counter() - update_start
     tokens = float(batch.action_mask.sum())
     record |= {
@@ -515,6 +523,8 @@ def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, flo
         "throughput/rollout_tokens_per_s": record["rollout/tokens_generated"] / max(rollout_s, 1e-9),
         "throughput/update_action_tokens_per_s": tokens / max(update_s, 1e-9),
     }
+    if recorder is not None:  # a sample of this iteration's episodes for `capo view`
+        recorder.write(config.out_dir, iteration + 1, trajectories, batch, targets, tokenizer, envs[0])
     return record
 
 
@@ -582,9 +592,10 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
         if logger is not None:
             logger.log(record)
 
-    def held_out() -> dict:
+    def held_out(iteration: int = 0) -> dict:  # iteration: the RL iterations done (0: before RL)
+        record_to = held_out_recorder(config, iteration, tokenizer, eval_envs[0]) if main and eval_envs else None
         return evaluate(model, tokenizer, config, eval_envs, config.eval_episodes, accelerator,
-                        progress=report) if eval_envs else {}
+                        progress=report, on_trajectories=record_to) if eval_envs else {}
 
     try:
         if not state.sft_done:  # iteration 0: the warm start (if any), then the held-out figure RL starts from
@@ -611,7 +622,7 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
             record = rl_iteration(run, iteration, train_envs)
             last = iteration + 1 == config.iterations
             if config.eval_every and ((iteration + 1) % config.eval_every == 0 or last):
-                record |= held_out()
+                record |= held_out(iteration + 1)
             state.iteration = iteration + 1
             log(record)
             checkpoint()
