@@ -27,6 +27,14 @@ ENV_PRESETS = {
     # leaves no distractor passage; two-hop bridge questions only: the warm-started SmolLM2 solves ~22% of
     # them (~0-6% of the full mix), so RL sees reward. The dev split has 50 of them.
     "capo/SynthHop-v0": {"size": "small", "k": 1, "max_passage_chars": 400, "question_kinds": ["bridge-2"]},
+    # Titles only and 5 papers per call: the mean observation falls from 2,603 to 744 characters and the
+    # oracle still finds every gold paper (docs/envs/papers.md). Turns with several calls need
+    # rollout.max_action_tokens=128.
+    "capo/SynthScholar-v0": {"size": "small", "max_abstract_chars": 0, "search_limit": 5, "shown_per_call": 5,
+                             "pool_view": 5},
+    # The smallest house and 20 steps (the CAPO authors' budget); long episodes overflow 1024 prompt tokens
+    # with the whole history, so train with rollout.state=window rollout.layout=per_action.
+    "capo/SynthHouse-v0": {"size": "tiny", "max_steps": 20},
 }
 
 

@@ -192,3 +192,22 @@ def test_exponent_floats_read_as_numbers(raw, value):
     """PyYAML (YAML 1.1) reads `3e-4` as a string, which made `algo_overrides.clip_low=3e-4` a type error."""
     assert parse_overrides([f"x={raw}"])["x"] == value
     assert load_config(None, ["algo_overrides.clip_low=3e-4"]).algo_overrides["clip_low"] == 3e-4
+
+
+def test_every_env_preset_builds_its_env():
+    """A preset with a misspelt or stale kwarg would fail only after the model has loaded."""
+    import gymnasium as gym
+
+    import capo_envs
+    from capo_train.config import ENV_PRESETS
+
+    for env_id, kwargs in ENV_PRESETS.items():
+        card = capo_envs.CATALOG[env_id]
+        if not card.data_ready():  # e.g. SynthHouse without the [alfworld] extra
+            continue
+        env = gym.make(env_id, **kwargs)
+        try:
+            observation, _ = env.reset(seed=0)
+            assert isinstance(observation, str) and observation
+        finally:
+            env.close()
