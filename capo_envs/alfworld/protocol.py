@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from ..core.protocol import ActionProtocol, ParseResult, TagProtocol, ToolSpec, _scan_tags
+from ..core.protocol import ActionProtocol, ParseResult, TagProtocol, ToolSpec, _scan_tags, decode_tool_call
 
 ACTION_TOOL = ToolSpec("action", "command", "send one admissible command to the game, e.g. go to fridge 1")
 STEP_TOOL = ToolSpec("env_step", "command", "send one admissible command to the game, e.g. go to fridge 1")
@@ -28,26 +28,10 @@ class StepCallProtocol(ActionProtocol):
             return ParseResult(None, "no <tool_call> found")
         if len(spans) > 1:
             return ParseResult(None, f"found {len(spans)} calls; give exactly one per turn")
-        try:
-            call = json.loads(spans[0].content)
-        except (ValueError, RecursionError):  # ValueError also covers an int over Python's 4300-digit limit
-            return ParseResult(None, "the <tool_call> body is not valid JSON")
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return ParseResult(None, 'a tool call must be a JSON object with a string "name"')
-        tool = next(iter(self.tools.values()))
-        if call["name"] != tool.name:
-            return ParseResult(None, f"unknown tool {call['name'][:50]!r}; the tool is {tool.name!r}")
-        arguments = call.get("arguments", {})
-        if isinstance(arguments, str):  # some chat templates double-encode the arguments
-            try:
-                arguments = json.loads(arguments)
-            except (ValueError, RecursionError):
-                pass
-        if not isinstance(arguments, dict):
-            return ParseResult(None, '"arguments" must be a JSON object')
-        if tool.arg not in arguments:
-            return ParseResult(None, f'{tool.name} needs the argument "{tool.arg}"')
-        return self._make_action(tool.name, arguments[tool.arg])
+        decoded = decode_tool_call(spans[0].content, list(self.tools.values()))
+        if isinstance(decoded, str):
+            return ParseResult(None, decoded)
+        return self._make_action(*decoded)
 
     def render(self, action) -> str:
         tool = self.tools[action.name]

@@ -262,6 +262,33 @@ class TagProtocol(ActionProtocol):
         return "\n".join(lines)
 
 
+def decode_tool_call(body: str, tools: Sequence[ToolSpec]) -> tuple[str, Any] | str:
+    """A Hermes ``<tool_call>`` body, ``{"name": ..., "arguments": {...}}``, as ``(tool name, its argument's
+    value)`` for one of ``tools``, or the reason it is not one (a str)."""
+    try:
+        call = json.loads(body)
+    except (ValueError, RecursionError):  # ValueError: bad JSON, or an int over Python's 4300-digit limit
+        return "the <tool_call> body is not valid JSON"
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return 'a tool call must be a JSON object with a string "name"'
+    by_name = {tool.name: tool for tool in tools}
+    name = call["name"]
+    if name not in by_name:
+        return f"unknown tool {name[:50]!r}; the tools are {list(by_name)}"
+    arguments = call.get("arguments", {})
+    if isinstance(arguments, str):  # some chat templates double-encode the arguments
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError):
+            pass
+    if not isinstance(arguments, dict):
+        return '"arguments" must be a JSON object'
+    arg_name = by_name[name].arg
+    if arg_name not in arguments:
+        return f'{name} needs the argument "{arg_name}"'
+    return name, arguments[arg_name]
+
+
 class ToolCallProtocol(ActionProtocol):
     """Hermes/Qwen function calling: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
 
@@ -288,28 +315,10 @@ class ToolCallProtocol(ActionProtocol):
         span = spans[0]
         if span.tag == self.final:
             return self._make_action(self.final, span.content)
-        try:
-            call = json.loads(span.content)
-        except (ValueError, RecursionError):  # ValueError: bad JSON, or an int over Python's 4300-digit limit
-            return ParseResult(None, "the <tool_call> body is not valid JSON")
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return ParseResult(None, 'a tool call must be a JSON object with a string "name"')
-        name = call["name"]
-        if name not in self.tools or name == self.final:
-            callable_tools = [t for t in self.tools if t != self.final]
-            return ParseResult(None, f"unknown tool {name[:50]!r}; the tools are {callable_tools}")
-        arguments = call.get("arguments", {})
-        if isinstance(arguments, str):  # some chat templates double-encode the arguments
-            try:
-                arguments = json.loads(arguments)
-            except (ValueError, RecursionError):
-                pass
-        if not isinstance(arguments, dict):
-            return ParseResult(None, '"arguments" must be a JSON object')
-        arg_name = self.tools[name].arg
-        if arg_name not in arguments:
-            return ParseResult(None, f'{name} needs the argument "{arg_name}"')
-        return self._make_action(name, arguments[arg_name])
+        decoded = decode_tool_call(span.content, [t for name, t in self.tools.items() if name != self.final])
+        if isinstance(decoded, str):
+            return ParseResult(None, decoded)
+        return self._make_action(*decoded)
 
     def render(self, action: Action) -> str:
         tool = self.tools[action.name]
