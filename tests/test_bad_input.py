@@ -292,7 +292,8 @@ class SingleEnvChecker:
         assert not mixed, f"info keys with more than one type (breaks vector envs): {mixed}"
 
 
-def test_every_nasty_object_is_an_invalid_step_or_parsed(variant):
+def take_every_nasty_action(variant) -> None:
+    """Each NASTY action, resetting when an episode ends; every info key keeps one type throughout."""
     checker = SingleEnvChecker(variant)
     for action in NASTY:
         if checker.done:
@@ -300,6 +301,10 @@ def test_every_nasty_object_is_an_invalid_step_or_parsed(variant):
         checker.step(action)
     checker.assert_one_type_per_key()
     checker.env.close()
+
+
+def test_every_nasty_object_is_an_invalid_step_or_parsed(variant):
+    take_every_nasty_action(variant)
 
 
 def test_hypothesis_actions_never_crash_a_single_env(variant):

@@ -127,12 +127,6 @@ def test_papersearch_cutoff_and_oracle(prepared_fixture):
 @pytest.mark.parametrize("kwargs", [{}, {"action_format": "tool_call"}])
 def test_papersearch_takes_every_nasty_action(prepared_fixture, kwargs):
     """test_bad_input covers offline ids only; the same checks on the prepared env."""
-    from test_bad_input import NASTY, SingleEnvChecker
+    from test_bad_input import take_every_nasty_action
 
-    checker = SingleEnvChecker(("capo/PaperSearch-v0", {"split": "dev", **kwargs}))
-    for action in NASTY:
-        if checker.done:
-            checker.reset(seed=0)
-        checker.step(action)
-    checker.assert_one_type_per_key()
-    checker.env.close()
+    take_every_nasty_action(("capo/PaperSearch-v0", {"split": "dev", **kwargs}))
