@@ -73,6 +73,11 @@ class RolloutConfig:
     max_action_tokens: int = 40
     max_prompt_tokens: int = 1024
     temperature: float = 1.0
+    # Where env resets and steps run (capo_train/envpool.py, docs/envpool.md): "serial" in the trainer's
+    # thread; "thread" on env_workers threads (envs that wait outside the GIL: ALFWorld's engine processes);
+    # "process" in env_workers spawned processes (envs that hold the GIL, or a JVM). Same trajectories.
+    env_pool: str = "serial"
+    env_workers: int = 2
 
 
 @dataclass
@@ -333,6 +338,8 @@ CONFIG_RULES: dict[str, Rule] = {
     "rollout.max_action_tokens": _int_at_least(1),
     "rollout.max_prompt_tokens": _int_at_least(1),
     "rollout.temperature": POSITIVE,
+    "rollout.env_pool": _one_of("serial", "thread", "process"),
+    "rollout.env_workers": _int_at_least(1),
     "optim.actor_lr": _or_null(POSITIVE),
     "optim.critic_lr": POSITIVE,
     "optim.weight_decay": NON_NEGATIVE,

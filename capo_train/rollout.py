@@ -30,6 +30,7 @@ import gymnasium as gym
 
 from .backends.base import GenerationBackend
 from .config import RolloutConfig
+from .envpool import EnvPool, pool_map
 from .rows import ActionRecord, Trajectory
 
 # Tasks of an env without task_ids(): task i is reset seed i, training from seed 0 and held-out
@@ -265,6 +266,7 @@ def collect(
     seed: int | None = None,
     task_ids: Sequence[str] | None = None,
     task_pool: Sequence[str] | None = None,
+    env_pool: EnvPool | None = None,
 ) -> list[Trajectory]:
     """Run ``tasks_per_batch x group_size`` episodes and return their trajectories (in episode order).
 
@@ -286,6 +288,11 @@ def collect(
     over the prompt budget too) so the critic can bootstrap; a cut one has none.
     ``settings.temperature``/``settings.greedy`` go to the backend, and so does a seed: each generate call
     gets its own, drawn from an RNG seeded with ``seed``, so a run is reproducible given ``seed``.
+
+    ``env_pool`` (:mod:`capo_train.envpool`) runs each wave's resets and each turn's steps concurrently (on
+    threads, or in worker processes for the envs it made); without one they run one after the other. Every
+    seed is drawn before the calls and results are recorded in episode order, so the trajectories are the
+    same whatever the pool.
     """
     rng = random.Random(seed)
     n_episodes = tasks_per_batch * group_size
@@ -306,16 +313,18 @@ def collect(
     trajectories: list[Trajectory] = []
     try:
         for wave in range(0, n_episodes, len(pool)):
+            starts = [(pool[slot], task_ids[e // group_size], rng.randrange(2**31), e)
+                      for slot, e in enumerate(range(wave, min(wave + len(pool), n_episodes)))]
+            firsts = pool_map(env_pool, lambda s: reset_env(s[0], s[1], seed=s[2]), starts)
             live = []
-            for slot, e in enumerate(range(wave, min(wave + len(pool), n_episodes))):
-                group = e // group_size
-                episode = start_episode(pool[slot], fmt, task_ids[group], seed=rng.randrange(2**31), traj_id=e,
-                                        group_id=group, state=settings.state, window=settings.window,
-                                        instructions=settings.instructions)
+            for (env, task_id, episode_seed, e), first in zip(starts, firsts):
+                episode = start_episode(env, fmt, task_id, seed=episode_seed, traj_id=e, group_id=e // group_size,
+                                        state=settings.state, window=settings.window,
+                                        instructions=settings.instructions, first=first)
                 trajectories.append(episode.traj)
                 live.append(episode)
             while live:
-                live = _turn(live, backend, rng, settings, seeded=seed is not None)
+                live = _turn(live, backend, rng, settings, seeded=seed is not None, env_pool=env_pool)
     finally:
         if own_envs:
             for env in pool:
@@ -324,7 +333,7 @@ def collect(
 
 
 def _turn(live: list[_Episode], backend: GenerationBackend, rng: random.Random, settings: RolloutSettings,
-          seeded: bool) -> list[_Episode]:
+          seeded: bool, env_pool: EnvPool | None = None) -> list[_Episode]:
     """One action for every live episode; returns the episodes still running."""
     by_stop: dict[tuple[str, ...], list[tuple[_Episode, list[int]]]] = defaultdict(list)
     for ep in live:
@@ -346,8 +355,10 @@ def _turn(live: list[_Episode], backend: GenerationBackend, rng: random.Random, 
             greedy=settings.greedy,
             seed=rng.randrange(2**31) if seeded else None,
         )
-        for (ep, prompt), gen in zip(items, generations):
-            if step_episode(ep, prompt, gen.token_ids, gen.logprobs, gen.text, settings.max_prompt_tokens):
+        results = pool_map(env_pool, lambda pair: pair[0][0].env.step(pair[1].text), list(zip(items, generations)))
+        for (ep, prompt), gen, result in zip(items, generations, results):
+            if step_episode(ep, prompt, gen.token_ids, gen.logprobs, gen.text, settings.max_prompt_tokens,
+                            result=result):
                 still.append(ep)
     return still
 
@@ -363,13 +374,12 @@ def start_episode(
     state: str = "concat",
     window: int = 2,
     instructions: str = "",
+    first: tuple[Any, dict] | None = None,
 ) -> _Episode:
     """Reset ``env`` to ``task_id`` (for an env without task ids, ``task_id`` is the reset seed and ``seed``
-    is unused) and open the episode's trajectory and state builder."""
-    if has_task_ids(env):
-        obs, info = env.reset(seed=seed, options={"task_id": task_id})
-    else:
-        obs, info = env.reset(seed=int(task_id))
+    is unused) and open the episode's trajectory and state builder. ``first``: the ``(obs, info)`` of a
+    :func:`reset_env` already made (by an env pool), instead of resetting here."""
+    obs, info = reset_env(env, task_id, seed=seed) if first is None else first
     obs = _text(obs, env, "reset")
     protocol, stop = read_protocol(info, env)
     system = "\n\n".join(part for part in (protocol, instructions) if part)
@@ -379,12 +389,22 @@ def start_episode(
     return _Episode(env, traj, builder, stop, obs)
 
 
+def reset_env(env: gym.Env, task_id: str, *, seed: int) -> tuple[Any, dict]:
+    """``env.reset`` to ``task_id``: ``options={"task_id": ...}``, or for an env without task ids the reset
+    seed ``task_id`` (``seed`` unused)."""
+    if has_task_ids(env):
+        return env.reset(seed=seed, options={"task_id": task_id})
+    return env.reset(seed=int(task_id))
+
+
 def step_episode(
-    ep: _Episode, prompt: list[int], token_ids: list[int], logprobs: list[float], text: str, max_prompt_tokens: int
+    ep: _Episode, prompt: list[int], token_ids: list[int], logprobs: list[float], text: str, max_prompt_tokens: int,
+    result: tuple | None = None,
 ) -> bool:
     """Send one action to the env and record it (prompt, tokens, log-probs, reward, the observation's tokens
-    or the episode's end); returns whether the episode goes on."""
-    obs, reward, terminated, truncated, info = ep.env.step(text)
+    or the episode's end); returns whether the episode goes on. ``result``: the ``env.step(text)`` tuple of a
+    step already made (by an env pool), instead of stepping here."""
+    obs, reward, terminated, truncated, info = ep.env.step(text) if result is None else result
     record = ActionRecord(prompt_ids=prompt, action_ids=token_ids, old_logprobs=logprobs, reward=float(reward),
                           action_valid=bool(info.get("action_valid", True)), obs_ids=[])
     ep.traj.actions.append(record)

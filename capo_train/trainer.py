@@ -41,6 +41,7 @@ from .algorithms.losses import action_log_ratio, entropy_loss
 from .backends.base import GenerationBackend
 from .backends.hf import HFBackend
 from .config import ConfigError, TrainConfig, batch_shape, default_actor_lr, env_kwargs, env_spec, to_dict
+from .envpool import EnvPool, pool_from_config
 from .episodes import held_out_recorder, recorder_for
 from .models.actor_critic import ActorCritic, LoraSettings, build_actor_critic, load_reference
 from .models.checkpoints import CHECKPOINT, RunState, load_run, save_run
@@ -91,16 +92,17 @@ def takes_split(env_id: str) -> bool:
         return False
 
 
-def make_envs(config: TrainConfig, split: str, count: int) -> list[gym.Env]:
+def make_envs(config: TrainConfig, split: str, count: int, pool: EnvPool | None = None) -> list[gym.Env]:
     """``count`` copies of the configured env on ``split`` (passed only to envs that have a split: README,
-    the environment contract). Any failure to build one is a ConfigError that names the id and kwargs."""
+    the environment contract), built by ``pool`` (in its worker processes for a process pool) when given.
+    Any failure to build one is a ConfigError that names the id and kwargs."""
     kwargs = env_kwargs(config.env)
     if takes_split(config.env.id):
         kwargs["split"] = split
     envs: list[gym.Env] = []
     try:
         for _ in range(count):
-            envs.append(gym.make(config.env.id, **kwargs))
+            envs.append((pool.make if pool is not None else gym.make)(config.env.id, **kwargs))
     except Exception as e:  # noqa: BLE001  (a wrong kwarg, missing data, an env bug: all stop the run here)
         for env in envs:
             env.close()
@@ -393,6 +395,7 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
 def evaluate(
     model: ActorCritic | None, tokenizer, config: TrainConfig, envs: list[gym.Env], episodes: int, accelerator=None,
     backend: GenerationBackend | None = None, progress: Progress = SILENT, on_trajectories=None,
+    env_pool: EnvPool | None = None,
 ) -> dict[str, float]:
     """Greedy decoding on the first ``episodes`` tasks of the held-out split (the same tasks every time;
     for an env without ``task_ids()`` the held-out reset seeds, ``rollout.env_tasks``), shared out among the
@@ -410,7 +413,7 @@ def evaluate(
         settings = RolloutSettings.from_config(config.rollout).for_evaluation()
         with evaluating(model) if in_process else contextlib.nullcontext():
             trajectories = collect(envs, backend, tokenizer, settings, tasks_per_batch=len(task_ids), group_size=1,
-                                   task_ids=task_ids, seed=config.seed)
+                                   task_ids=task_ids, seed=config.seed, env_pool=env_pool)
     trajectories = gather_trajectories(trajectories, accelerator)
     if on_trajectories is not None:
         on_trajectories(trajectories)
@@ -483,6 +486,7 @@ class Run:
     accelerator: Any = None
     trainable: torch.nn.Module | None = None  # ``model`` as the accelerator prepared it (DDP-wrapped on >1 process)
     task_pool: list[str] | None = None  # the train tasks RL draws from (None: all; see sft.tasks)
+    env_pool: EnvPool | None = None  # where env calls run (rollout.env_pool; None: serially, in this thread)
 
 
 def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, float]:
@@ -494,7 +498,7 @@ def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, flo
     trajectories = collect(
         envs, backend, tokenizer, run.rollout, tasks_per_batch=tasks, group_size=group,
         seed=iteration_seed(config.seed, iteration, salt=104_729 * rank),  # each process its own tasks
-        task_pool=run.task_pool,
+        task_pool=run.task_pool, env_pool=run.env_pool,
     )
     rollout_s = time.perf_counter() - start
     everyone = gather_trajectories(trajectories, accelerator)
@@ -545,8 +549,14 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
     report.say(f"{config.algo} on {config.env.id}, {config.iterations} iterations, run folder {out_dir}")
     algo = get(config.algo).bind(config.algo_overrides)  # registry defaults + overrides, merged once
     # The envs first: a bad env id or kwargs fails here, in seconds, not after the model has loaded.
-    train_envs = make_envs(config, config.env.train_split, math.prod(batch_shape(config)))
-    eval_envs = make_envs(config, config.env.eval_split, min(config.eval_episodes, 16))
+    env_pool = pool_from_config(config.rollout)  # None unless rollout.env_pool is thread or process
+    try:
+        train_envs = make_envs(config, config.env.train_split, math.prod(batch_shape(config)), env_pool)
+        eval_envs = make_envs(config, config.env.eval_split, min(config.eval_episodes, 16), env_pool)
+    except BaseException:
+        if env_pool is not None:
+            env_pool.close()
+        raise
     task_pool = warm_start_tasks(config, train_envs[0])[1]
     if not takes_split(config.env.id) and has_task_ids(train_envs[0]) and eval_envs and main:
         warnings.warn(f"{config.env.id} takes no split: the held-out tasks are also training tasks", stacklevel=2)
@@ -576,7 +586,7 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
         reference = kl_reference(model.meta["base"])
     run = Run(config=config, model=model, tokenizer=tokenizer, optimizers=optimizers, algo=algo,
               rollout=RolloutSettings.from_config(config.rollout), reference=reference, accelerator=accelerator,
-              trainable=trainable, task_pool=task_pool)
+              trainable=trainable, task_pool=task_pool, env_pool=env_pool)
     logger = Logger(out_dir, config, state.history) if main else None
     if auto_lr:
         kind = "LoRA" if model.uses_lora else "full fine-tune"
@@ -595,7 +605,7 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
     def held_out(iteration: int = 0) -> dict:  # iteration: the RL iterations done (0: before RL)
         record_to = held_out_recorder(config, iteration, tokenizer, eval_envs[0]) if main and eval_envs else None
         return evaluate(model, tokenizer, config, eval_envs, config.eval_episodes, accelerator,
-                        progress=report, on_trajectories=record_to) if eval_envs else {}
+                        progress=report, on_trajectories=record_to, env_pool=env_pool) if eval_envs else {}
 
     try:
         if not state.sft_done:  # iteration 0: the warm start (if any), then the held-out figure RL starts from
@@ -637,6 +647,8 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
             logger.close()
         for env in train_envs + eval_envs:
             env.close()
+        if env_pool is not None:
+            env_pool.close()
     summary = summarise_run(state.history, config)
     if main:
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -1,0 +1,171 @@
+"""A vLLM generation backend, in process and colocated with the trainer: token ids in, token ids and their
+log-probs out (``capo_train.backends.base``), for GPU runs where Hugging Face's ``generate`` is the bottleneck.
+Optional: ``pip install vllm`` (a CUDA build; it is not part of any CPU extra).
+
+What it takes care of (../shared/docs/domain-scaleout.md, section 2):
+
+- **Token-in/token-out**: prompts go in as ``TokensPrompt(prompt_token_ids=...)`` and the sampled
+  ``token_ids`` come back as they were sampled; nothing is re-tokenised. ``text`` is
+  ``tokenizer.decode(token_ids, skip_special_tokens=True)``, as in ``HFBackend``, not vLLM's own text (which
+  is cut at the stop string).
+- **Stop strings**: matched by vLLM on the detokenised text; generation ends with the token that completes
+  the first one, which is kept (``include_stop_str_in_output=True``), as the interface asks.
+- **Log-probs after temperature**: vLLM's default ``logprobs_mode`` is ``raw_logprobs``, taken *before*
+  temperature; the rollout's old log-probs must be ``log_softmax(logits / T)`` of the sampled token, so the
+  engine is built with ``logprobs_mode="processed_logprobs"`` (as TRL's colocate mode does) and
+  ``logprobs=0`` returns the sampled token's own. An engine passed in with raw log-probs is refused at any
+  temperature other than 1. Greedy decoding records the model's own (T=1) log-probs, which is the
+  interface's rule for greedy at temperature 0 and 1 (the only ones the trainer uses).
+- **End reasons kept apart**: ``finish_reason="stop"`` with a string ``stop_reason`` is a stop string,
+  with ``None`` (or a token id) it is EOS, ``"length"`` is the token budget; verl merges the first and the
+  last into one "completed" reason, this backend does not.
+- **Weights from the trainer**: :meth:`VLLMBackend.sync_weights` loads the actor's current weights into
+  the engine after each update (LoRA adapters merged for the copy, then unmerged) and resets the prefix
+  cache. It reaches the engine's model in this process, so the engine runs without vLLM's engine-core
+  subprocess (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set by :meth:`VLLMBackend.from_pretrained` unless the
+  environment says otherwise).
+
+Tests: tests/test_backend_vllm.py (the GPU parts skip without vllm and a GPU); on CPU the OpenAI-compatible
+path against ``capo serve`` keeps covering the same interface (tests/test_backend_openai.py).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Sequence
+
+from .base import Generation, check_generate_args
+
+
+def end_reason(finish_reason: str | None, stop_reason: Any) -> str:
+    """vLLM's ``(finish_reason, stop_reason)`` as the interface's ``"stop"``, ``"eos"`` or ``"length"``."""
+    if finish_reason == "length":
+        return "length"
+    if finish_reason == "stop":
+        return "stop" if isinstance(stop_reason, str) else "eos"  # None: EOS; an int: a stop token (EOS-like)
+    raise RuntimeError(f"vLLM ended a sequence with finish_reason={finish_reason!r} (stop_reason={stop_reason!r})")
+
+
+def sampled_logprobs(token_ids: Sequence[int], logprobs: Sequence[dict] | None) -> list[float]:
+    """The sampled tokens' log-probs from vLLM's per-position ``{token_id: Logprob}`` dicts."""
+    if logprobs is None or len(logprobs) != len(token_ids):
+        raise RuntimeError("vLLM returned no log-prob for some sampled token (is logprobs=0 set?)")
+    return [float(step[token].logprob) for step, token in zip(logprobs, token_ids)]
+
+
+def trainer_weights(model) -> Iterable[tuple[str, Any]]:
+    """``(name, tensor)`` pairs of ``model``'s full weights under Hugging Face's names, the form vLLM's
+    ``load_weights`` reads. A peft model must have its adapters merged first (:meth:`VLLMBackend.sync_weights`
+    does it): its base layers' names lose peft's ``base_model.model.`` prefix and ``.base_layer`` infix, and
+    the adapter matrices themselves are left out."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for name, tensor in inner.state_dict().items():
+        if "lora_" in name:
+            continue
+        yield name.replace(".base_layer.", "."), tensor
+
+
+class VLLMBackend:
+    """Generate with a vLLM ``LLM`` built on the actor's checkpoint (:meth:`from_pretrained`), or any ``LLM``
+    built with ``logprobs_mode="processed_logprobs"``. ``tokenizer`` decodes the text and gives the pad id."""
+
+    def __init__(self, llm, tokenizer):
+        self.llm = llm
+        self.tokenizer = tokenizer
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
+        self.processed_logprobs = _logprobs_mode(llm) in ("processed_logprobs", None)
+
+    @classmethod
+    def from_pretrained(cls, path: str, tokenizer, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.3,
+                        seed: int = 0, **llm_kwargs: Any) -> VLLMBackend:
+        """An engine on ``path`` (a Hugging Face folder: the actor ``capo train`` saves, or the base model)
+        sharing the GPU with the trainer: ``gpu_memory_utilization`` is its share of the memory."""
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the model in this process: sync_weights
+        from vllm import LLM
+
+        llm = LLM(model=str(path), dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
+                  logprobs_mode="processed_logprobs", **llm_kwargs)
+        return cls(llm, tokenizer)
+
+    @property
+    def device(self):
+        import torch
+
+        return torch.device("cuda")
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        stop: Sequence[str],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        greedy: bool = False,
+        seed: int | None = None,
+    ) -> list[Generation]:
+        check_generate_args(prompts, max_new_tokens, temperature, greedy)
+        if not greedy and temperature != 1.0 and not self.processed_logprobs:
+            raise ValueError("this vLLM engine records log-probs before temperature (logprobs_mode=raw_logprobs); "
+                             "build it with logprobs_mode='processed_logprobs' to sample at temperature != 1")
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(
+            temperature=0.0 if greedy else temperature,
+            max_tokens=max_new_tokens,
+            stop=list(stop) or None,
+            include_stop_str_in_output=True,
+            logprobs=0,  # the sampled token's own log-prob only
+            seed=seed,
+            skip_special_tokens=True,
+        )
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        generations = []
+        for output in outputs:
+            sample = output.outputs[0]
+            ids = list(sample.token_ids)
+            generations.append(Generation(
+                token_ids=ids,
+                logprobs=sampled_logprobs(ids, sample.logprobs),
+                text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                finish_reason=end_reason(sample.finish_reason, sample.stop_reason),
+            ))
+        return generations
+
+    def sync_weights(self, model) -> None:
+        """Load ``model``'s current weights (the trainer's actor) into the engine, then drop cached prefixes
+        computed with the old ones. A peft model's adapters are merged for the copy and unmerged after."""
+        import torch
+
+        merged = hasattr(model, "merge_adapter")
+        with torch.no_grad():
+            if merged:
+                model.merge_adapter()
+            try:
+                _engine_model(self.llm).load_weights(trainer_weights(model))
+            finally:
+                if merged:
+                    model.unmerge_adapter()
+        if hasattr(self.llm, "reset_prefix_cache"):
+            self.llm.reset_prefix_cache()
+
+
+def _logprobs_mode(llm) -> str | None:
+    config = getattr(getattr(llm, "llm_engine", None), "model_config", None)
+    mode = getattr(config, "logprobs_mode", None)
+    return getattr(mode, "value", mode)
+
+
+def _engine_model(llm):
+    """The engine's ``nn.Module`` in this process: vLLM V1 without its engine-core subprocess, else V0."""
+    executor = llm.llm_engine.model_executor
+    worker = executor.driver_worker
+    for path in (("worker", "model_runner", "model"), ("model_runner", "model")):
+        node = worker
+        for part in path:
+            node = getattr(node, part, None)
+        if node is not None:
+            return node
+    raise RuntimeError("cannot reach the vLLM engine's model in this process: build the engine with "
+                       "VLLM_ENABLE_V1_MULTIPROCESSING=0 (VLLMBackend.from_pretrained does)")
