@@ -1,0 +1,110 @@
+"""``capo_sync``: verl's synchronous V1 trainer with CAPO's action-level credit assignment.
+
+Select it with ``trainer.use_v1=true trainer.v1.trainer_mode=capo_sync`` and an estimator of
+:data:`.core.ESTIMATORS` (``algorithm.adv_estimator=capo_action_gae``, ``critic.enable=true``).
+
+Why a subclass: a registered verl estimator is called with token rewards, the response mask, the config
+and the prompt uid only, never with the critic's values or the trajectory and step of a row
+(verl/trainer/ppo/ray_trainer.py, ``compute_advantage``), and verl's critic loss covers every response token
+(docs/scaleout.md, 1.2 and 1.4). So this trainer overrides two things and nothing else:
+
+- ``_compute_advantage``: reads each row's values, response mask and ``extra_fields`` (the per-action
+  reward written by the ``capo_env`` agent loop) from TransferQueue, parses trajectory and step from the
+  row keys, runs capo_train's estimator (:func:`.core.action_targets`) and writes ``advantages`` and
+  ``returns`` back. verl's KL-in-reward and rollout-correction steps are not applied here: capo_train's
+  RLOO/REINFORCE++ put the KL in the reward themselves (``kl_in_reward``), from ``old_log_probs`` and
+  ``ref_log_prob``.
+- the critic loss, for boundary critics (CAPO): verl's clipped value loss on each action's first response
+  token only (:func:`.losses.capo_value_loss`).
+
+Every other verl behaviour (rollout, FSDP/Megatron workers, weight sync, checkpoints) is the stock
+``PPOTrainerSync``: the mode string is reset to ``sync`` before verl reads it, because verl's trainer tests
+``trainer_mode == "sync"`` in several places (replay buffer, refill, checkpoints).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import transfer_queue as tq
+from omegaconf import open_dict
+from tensordict import TensorDict
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.config import omega_conf_to_dataclass
+from verl.workers.utils.padding import response_to_nested
+
+from capo_train.algorithms import get
+
+from .core import ESTIMATORS, TRAINER, action_targets
+from .losses import capo_value_loss
+
+
+def estimator_settings(config) -> tuple[str, dict]:
+    """``(estimator name, capo_train overrides)`` from a verl config: ``algorithm.adv_estimator``,
+    ``algorithm.gamma`` / ``lam``, then any key under the top-level ``capo.estimator`` (Hydra:
+    ``+capo.estimator.whiten_std_floor=0.1``), which wins."""
+    name = str(config.algorithm.adv_estimator)
+    if name not in ESTIMATORS:
+        raise ValueError(f"trainer.v1.trainer_mode={TRAINER} needs algorithm.adv_estimator in {sorted(ESTIMATORS)}, "
+                         f"got {name!r}")
+    overrides = {"gamma": float(config.algorithm.gamma), "lam": float(config.algorithm.lam)}
+    capo = config.get("capo", None) or {}
+    overrides.update(dict(capo.get("estimator", None) or {}))
+    algo = get(ESTIMATORS[name])
+    return name, {k: v for k, v in overrides.items() if k in algo.setting_names}
+
+
+@register_trainer(TRAINER)
+class CapoSyncTrainer(PPOTrainerSync):
+    """See the module docstring."""
+
+    def __init__(self, config):
+        from .plugin import assert_registered
+
+        assert_registered()  # a plugin that failed to import in a worker is skipped silently by verl
+        self.capo_estimator, self.capo_overrides = estimator_settings(config)
+        algo = get(ESTIMATORS[self.capo_estimator]).bind(self.capo_overrides)
+        self.capo_boundary_critic = algo.critic_at == "boundary"
+        self.capo_kl_in_reward = algo.kl_in_reward and algo.kl_coef > 0
+        with open_dict(config):
+            config.trainer.v1.trainer_mode = "sync"
+        super().__init__(config)
+        if algo.needs_critic and not self.use_critic:
+            raise ValueError(f"{self.capo_estimator} needs a critic: set critic.enable=true")
+        if self.capo_kl_in_reward and not self.use_reference_policy:
+            raise ValueError(f"{self.capo_estimator} puts the KL to the reference in the reward, which needs reference "
+                             "log-probs: set actor_rollout_ref.actor.use_kl_loss=true with kl_loss_coef=0, or "
+                             "+capo.estimator.kl_coef=0")
+
+    def _setup(self):
+        super()._setup()
+        if self.use_critic and self.capo_boundary_critic:
+            self.critic_wg.set_loss_fn(partial(capo_value_loss, config=omega_conf_to_dataclass(self.config.critic)))
+
+    def _compute_advantage(self, batch, metrics: dict):
+        fields = ["response_mask", "extra_fields"]
+        if self.use_critic:
+            fields.append("values")
+        if self.capo_kl_in_reward:
+            fields += ["old_log_probs", "ref_log_prob"]
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        response_mask = data["response_mask"]  # nested [R, j]
+        extra_fields = data.pop("extra_fields").tolist()
+        padded = data.to_padded_tensor()
+        token_kl = padded["old_log_probs"] - padded["ref_log_prob"] if self.capo_kl_in_reward else None
+        targets = action_targets(
+            list(batch.keys), padded["response_mask"], extra_fields, estimator=self.capo_estimator,
+            values=padded["values"] if self.use_critic else None, token_kl=token_kl,
+            is_padding=[bool(tag.get("is_padding", False)) for tag in batch.tags], overrides=self.capo_overrides,
+        )
+        metrics.update(targets.metrics)
+        output = TensorDict(
+            {"advantages": response_to_nested(targets.advantages, response_mask),
+             "returns": response_to_nested(targets.returns, response_mask)},
+            batch_size=len(batch),
+        )
+        return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
+
+
+__all__ = ["CapoSyncTrainer", "estimator_settings"]
