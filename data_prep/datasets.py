@@ -23,7 +23,8 @@ import sys
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Iterable, Sequence
+from contextlib import contextmanager
+from typing import Iterable, Iterator, Sequence
 
 from capo_train.progress import progress_bar
 
@@ -71,23 +72,14 @@ def prepare(
     if is_prepared(name, root) and not force:
         log.info("%s is already prepared in %s (use --force to rebuild)", name, final)
         return final
-    root.mkdir(parents=True, exist_ok=True)
-    _remove_abandoned_builds(root, name)
-    build = root / f"{name}.tmp-{os.getpid()}"
-    shutil.rmtree(build, ignore_errors=True)
-    build.mkdir()
     cache = root / ".downloads" / name
-    try:
+    with building(root, name) as build:
         sources = [_fetch(remote, cache, base_url, progress, force) for remote in SOURCES[name]]
         counts = _build_contents(name, [path for _, path in sources], build, progress)
         for kind in retrievers:
             log.info("%s: building the %s index", name, kind)
             _build_index(kind, build / CORPUS, build / "index" / kind, progress)
         write_manifest(build, _manifest(name, sources, counts, retrievers, build, base_url))
-        _swap_into_place(build, final)
-    except BaseException:
-        shutil.rmtree(build, ignore_errors=True)
-        raise
     shutil.rmtree(cache, ignore_errors=True)
     log.info("%s: prepared in %s (%s passages)", name, final, counts["passages"])
     return final
@@ -200,6 +192,25 @@ def _manifest(
         "versions": _versions(),
         "files": file_records(build),
     }
+
+
+@contextmanager
+def building(root: Path, name: str) -> Iterator[Path]:
+    """A fresh, empty ``<root>/<name>.tmp-<pid>`` to build a dataset in. When the block ends normally it
+    replaces ``<root>/<name>`` (:func:`_swap_into_place`); on any error (Ctrl-C included) it is deleted, so
+    a failed or interrupted run never leaves a half-written dataset. Builds abandoned by killed processes
+    are removed first."""
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_builds(root, name)
+    build = root / f"{name}.tmp-{os.getpid()}"
+    shutil.rmtree(build, ignore_errors=True)
+    build.mkdir()
+    try:
+        yield build
+        _swap_into_place(build, root / name)
+    except BaseException:
+        shutil.rmtree(build, ignore_errors=True)
+        raise
 
 
 def _swap_into_place(build: Path, final: Path) -> None:

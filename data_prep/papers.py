@@ -47,7 +47,7 @@ from capo_envs.papers.ids import normalize_arxiv_id
 from capo_envs.papers.real import DATASET, DB_FILE, QUERY_FILES, load_queries
 from capo_train.progress import progress_bar  # tqdm and the standard library only (no torch)
 
-from .datasets import _remove_abandoned_builds, _swap_into_place
+from .datasets import building
 from .download import USER_AGENT, DownloadError, download, sha256_file
 from .manifest import write_manifest
 from .sources import Remote, mirrored
@@ -393,15 +393,10 @@ def prepare(args: argparse.Namespace) -> Path:
     if is_prepared(DATASET, root) and not args.force:
         log.info("papers is already prepared in %s (use --force to rebuild)", final)
         return final
-    root.mkdir(parents=True, exist_ok=True)
-    _remove_abandoned_builds(root, DATASET)
-    build = root / f"{DATASET}.tmp-{os.getpid()}"
-    shutil.rmtree(build, ignore_errors=True)
-    build.mkdir()
     cache = root / ".downloads" / DATASET
-    cache.mkdir(parents=True, exist_ok=True)
     progress = not args.quiet
-    try:
+    with building(root, DATASET) as build:
+        cache.mkdir(parents=True, exist_ok=True)
         log.info("papers: queries")
         local = Path(args.queries_from).expanduser() if args.queries_from else None
         query_sources = fetch_queries(build / "queries", cache, base_url=args.mirror, local=local, progress=progress,
@@ -468,10 +463,6 @@ def prepare(args: argparse.Namespace) -> Path:
                       for rel in [DB_FILE, *(f"queries/{QUERY_FILES[s]}" for s in query_files)]},
         }
         write_manifest(build, manifest)
-        _swap_into_place(build, final)
-    except BaseException:
-        shutil.rmtree(build, ignore_errors=True)
-        raise
     log.info("papers: prepared in %s (%d papers, %d edges)", final, report.papers, report.edges)
     return final
 

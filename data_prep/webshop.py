@@ -41,7 +41,7 @@ from capo_envs.webshop.products import (
 )  # fmt: skip
 from capo_envs.webshop.shop import SqliteStore, product_passages
 
-from .datasets import _pid_alive, _swap_into_place, _versions
+from .datasets import _versions, building
 from .download import DownloadError, download, gdrive_url, sha256_file
 from .manifest import FORMAT, file_records, write_manifest
 from .sources import Remote, mirrored
@@ -229,16 +229,8 @@ def prepare_webshop(
     if is_prepared(name, root) and not force:
         log.info("%s is already prepared in %s (use --force to rebuild)", name, final)
         return final
-    root.mkdir(parents=True, exist_ok=True)
-    for stale in list(root.glob(f"{name}.tmp-*")) + list(root.glob(f"{name}.old-*")):
-        pid = stale.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-            shutil.rmtree(stale, ignore_errors=True)
-    work = root / f"{name}.tmp-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
     cache = root / ".downloads" / name
-    try:
+    with building(root, name) as work:
         fetched = {key: _fetch(remote, cache, base_url, progress, force) for key, remote in WEBSHOP_SOURCES[size].items()}
         counts = build({k: p for k, (_, p) in fetched.items()}, work, size=size, price_seed=price_seed,
                        retrievers=list(retrievers), progress=progress)  # fmt: skip
@@ -250,10 +242,6 @@ def prepare_webshop(
             "versions": _versions(), "files": file_records(work),
         }  # fmt: skip
         write_manifest(work, manifest)
-        _swap_into_place(work, final)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     shutil.rmtree(cache, ignore_errors=True)
     log.info("%s: prepared in %s (%s)", name, final, {k: v for k, v in counts.items() if isinstance(v, int)})
     return final
