@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from .algorithms.losses import MAX_LOG_RATIO, action_log_ratio
+from .algorithms.losses import MAX_LOG_RATIO, action_log_ratio, clipped_surrogate, token_log_ratio
 
 EPISODES_DIR = "episodes"
 META = "meta.json"
@@ -119,23 +119,21 @@ class EpisodeRecorder:
         clip_low, clip_high = kw.get("clip_low", 0.2), kw.get("clip_high", 0.2)
         lengths = m.sum(1).clamp(min=1)
         if self.token_ratio:
-            ratio = torch.exp(torch.where(m, logp - old_logp, 0).clamp(-20.0, 20.0))  # token_ppo_loss's ratio
+            ratio = torch.exp(token_log_ratio(logp, old_logp, m))
         else:
             log_w = action_log_ratio(logp, old_logp, m, kw.get("ratio_mode", "capo"), mu=kw.get("mu"),
                                      max_log_ratio=kw.get("max_log_ratio", MAX_LOG_RATIO))
             ratio = torch.exp(log_w)[:, None].expand_as(logp)
-        unclipped, clipped = -adv * ratio, -adv * ratio.clamp(1 - clip_low, 1 + clip_high)
-        clip_tokens = torch.where(m, (clipped > unclipped).float(), 0)
-        clip_frac = clip_tokens.sum(1) / lengths
+        dual = kw.get("dual_clip") if self.token_ratio else None
+        _, clipped, dual_active = clipped_surrogate(adv, ratio, clip_low, clip_high, dual)
+        clip_frac = (clipped & m).sum(1) / lengths
         mean_ratio = torch.where(m, ratio, 0).sum(1) / lengths
         extra: dict[str, torch.Tensor] = {}
         if self.token_ratio:
             extra["ratio_min"] = torch.where(m, ratio, math.inf).min(1).values
             extra["ratio_max"] = torch.where(m, ratio, -math.inf).max(1).values
-            dual = kw.get("dual_clip")
             if dual is not None:
-                pg = torch.maximum(unclipped, clipped)
-                extra["dual_clip_frac"] = torch.where(m & (adv < 0) & (pg > -adv * dual), 1.0, 0.0).sum(1) / lengths
+                extra["dual_clip_frac"] = (dual_active & m).sum(1) / lengths
         for i, a in enumerate(action_id.tolist()):
             entry = {"ratio": float(mean_ratio[i]), "clip_frac": float(clip_frac[i])}
             entry |= {k: float(v[i]) for k, v in extra.items()}

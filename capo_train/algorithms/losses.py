@@ -149,6 +149,33 @@ def action_log_ratio(
 # ----------------------------------------------------------------------------- policy losses
 
 
+def token_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """``[A, L]`` per-token ``logp - old_logp`` (0 on padding), clamped to [-20, 20] as verl does, so that
+    ``exp`` stays finite."""
+    return torch.where(mask.bool(), logp - old_logp, 0).clamp(-20.0, 20.0)
+
+
+def clipped_surrogate(
+    A: Tensor, ratio: Tensor, clip_low: float, clip_high: float, dual_clip: float | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """PPO's per-token surrogate ``pg = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))`` over ``[A, L]``
+    advantages and ratios, with dual-clip (``pg <= -A * dual_clip`` where ``A < 0``) when ``dual_clip`` is set.
+
+    Returns ``pg``, ``clipped`` (bool: the clipped branch is the larger one, i.e. that token gets no gradient
+    from the ratio) and ``dual_active`` (bool: the dual-clip bound replaced ``pg``). The policy losses and the
+    episode recorder (``capo_train.episodes``) both decide clipping here.
+    """
+    pg_unclipped = -A * ratio
+    pg_clipped = -A * ratio.clamp(1 - clip_low, 1 + clip_high)
+    pg = torch.maximum(pg_unclipped, pg_clipped)
+    clipped = pg_clipped > pg_unclipped
+    if dual_clip is None:
+        return pg, clipped, torch.zeros_like(clipped)
+    dual_active = (A < 0) & (pg > -A * dual_clip)
+    pg = torch.where(A < 0, torch.minimum(pg, -A * dual_clip), pg)  # bounded loss for very large ratios on bad actions
+    return pg, clipped, dual_active
+
+
 def action_ppo_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -203,15 +230,13 @@ def action_ppo_loss(
         ratio = torch.exp(log_w.detach()[:, None] + logp_safe - logp_safe.detach())  # [A, L], value w_t
     else:
         raise ValueError(f"unknown token_scale {token_scale!r}; expected 'exact' or 'inv_len'")
-    pg_unclipped = -A * ratio
-    pg_clipped = -A * ratio.clamp(1 - clip_low, 1 + clip_high)
-    pg = torch.maximum(pg_unclipped, pg_clipped)  # = -min(wA, clip(w)A)
+    pg, clipped, _ = clipped_surrogate(A, ratio, clip_low, clip_high)  # pg = -min(wA, clip(w)A)
     loss = agg_loss(pg, m, agg)
 
     with torch.no_grad():
         nonempty = m.sum(-1) > 0  # [A]
         w = torch.exp(log_w)
-        clipped = (pg_clipped > pg_unclipped).float()
+        clipped = clipped.float()
         high = ((A > 0) & (ratio > 1 + clip_high)).float()
         low = ((A < 0) & (ratio < 1 - clip_low)).float()
         S, L = log_ratio_sums(logp, old_logp, m)
@@ -258,23 +283,14 @@ def token_ppo_loss(
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
     m = mask.bool()
     A = _token_advantages(advantages, m)  # [A, L]
-    log_r = torch.where(m, logp - old_logp, 0).clamp(-20.0, 20.0)  # verl's clamp, keeps exp finite
-    ratio = torch.exp(log_r)  # [A, L]
-    pg_unclipped = -A * ratio
-    pg_clipped = -A * ratio.clamp(1 - clip_low, 1 + clip_high)
-    pg = torch.maximum(pg_unclipped, pg_clipped)
-    if dual_clip is not None:
-        pg_dual = torch.minimum(pg, -A * dual_clip)  # bounded loss for very large ratios on bad actions
-        dual_active = (A < 0) & (pg > -A * dual_clip)
-        pg = torch.where(A < 0, pg_dual, pg)
-    else:
-        dual_active = torch.zeros_like(m)
+    ratio = torch.exp(token_log_ratio(logp, old_logp, m))  # [A, L]
+    pg, clipped, dual_active = clipped_surrogate(A, ratio, clip_low, clip_high, dual_clip)
     loss = agg_loss(pg, m, agg)
 
     with torch.no_grad():
         r = ratio[m]
         diag = {
-            "clip_frac": masked_mean((pg_clipped > pg_unclipped).float(), m),
+            "clip_frac": masked_mean(clipped.float(), m),
             "dual_clip_frac": masked_mean(dual_active.float(), m),
             "ratio_mean": masked_mean(ratio, m),
             "ratio_max": r.max() if r.numel() else ratio.new_tensor(1.0),

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from capo_train.algorithms import StepBatch, action_log_ratio, approx_kls, broadcast_actions, get, masked_mean
+from capo_train.algorithms.losses import clipped_surrogate
 
 # verl estimator name (algorithm.adv_estimator) -> capo_train algorithm whose estimator the trainer runs.
 ESTIMATORS: dict[str, str] = {
@@ -188,12 +189,10 @@ def action_pg_losses(
     adv = torch.where(m, advantages, 0)
     log_w = action_log_ratio(log_prob, old_log_prob, m, ratio_mode)  # [R]
     ratio = torch.exp(log_w)[:, None].expand_as(adv)
-    pg_unclipped = -adv * ratio
-    pg_clipped = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)
-    pg = torch.maximum(pg_unclipped, pg_clipped)
+    pg, clipped, _ = clipped_surrogate(adv, ratio, clip_low, clip_high)
     with torch.no_grad():
         nonempty = m.sum(-1) > 0
-        clipped_action = ((pg_clipped > pg_unclipped) & m).any(-1)  # [R]
+        clipped_action = (clipped & m).any(-1)  # [R]
         diag = {
             "pg_clipfrac": masked_mean(clipped_action.float(), nonempty),
             "ratio_mean": masked_mean(torch.exp(log_w), nonempty),
