@@ -263,16 +263,27 @@ def cell_config(grid: GridConfig, env: EnvSpec, algo: str, seed: int) -> TrainCo
     return config
 
 
-def read_log(path: Path) -> list[dict]:
+def read_log(path: Path, skip_bad_lines: bool = False) -> list[dict]:
     """The run's records, one per iteration: a run killed between logging and checkpointing repeats an
-    iteration when resumed, so the last record of each iteration wins."""
+    iteration when resumed, so the last record of each iteration wins. ``skip_bad_lines``: ignore lines that
+    are not a JSON object (``capo view`` reads folders it did not write) instead of raising."""
     if not path.exists():
         return []
     by_iteration: dict[int, dict] = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
             record = json.loads(line)
-            by_iteration[int(record.get("iteration", 0))] = record
+        except json.JSONDecodeError:
+            if skip_bad_lines:
+                continue
+            raise
+        if not isinstance(record, dict):
+            if skip_bad_lines:
+                continue
+            raise ValueError(f"{path}: a line that is not a JSON object: {line[:80]!r}")
+        by_iteration[int(record.get("iteration", 0))] = record
     return [by_iteration[i] for i in sorted(by_iteration)]
 
 

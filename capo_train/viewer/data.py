@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..bench import read_log, slug  # the cell folders' names and the log reader capo bench uses
+
 EPISODES_DIR = "episodes"
 ITER_FILE = re.compile(r"^iter-(\d+)\.jsonl$")  # training episodes, with their credit
 EVAL_FILE = re.compile(r"^eval-(\d+)\.jsonl$")  # held-out (greedy) episodes of an evaluation
@@ -94,21 +96,6 @@ def _search(root: Path, depth: int):
 
 
 # ----------------------------------------------------------------------------- reading a run
-
-
-def read_log(path: Path) -> list[dict]:
-    """log.jsonl's records, the last record of each iteration winning (a resumed run repeats one)."""
-    if not path.is_file():
-        return []
-    by_iteration: dict[int, dict] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict):
-            by_iteration[int(record.get("iteration", 0))] = record
-    return [by_iteration[i] for i in sorted(by_iteration)]
 
 
 def _json(path: Path) -> Any:
@@ -207,7 +194,7 @@ def run_payload(ref: RunRef) -> dict:
         "config": config,
         "summary": summary,
         "meta": _json(run / EPISODES_DIR / "meta.json"),
-        "series": series(read_log(run / "log.jsonl")),
+        "series": series(read_log(run / "log.jsonl", skip_bad_lines=True)),
         "iterations": list(iteration_files(run)),
         "eval_iterations": list(iteration_files(run, held_out=True)),
         "episodes": episode_index(run),
@@ -219,7 +206,7 @@ def run_brief(ref: RunRef) -> dict:
     run = ref.path
     config = _json(run / "checkpoint" / "config.json") or {}
     summary = _json(run / "summary.json") or {}
-    records = read_log(run / "log.jsonl")
+    records = read_log(run / "log.jsonl", skip_bad_lines=True)
     evals = [r["eval/success"] for r in records if _finite(r.get("eval/success")) is not None]
     rollouts = [r["rollout/success"] for r in records if _finite(r.get("rollout/success")) is not None]
     return {
@@ -256,9 +243,6 @@ def grid_payload(grid: GridRef, runs: list[RunRef]) -> dict:
         rel = runs[i].path.relative_to(grid.path / "runs")
         env, algo, seed = rel.parts[:3]
         cells.setdefault(f"{env}|{algo}", []).append({"run": i, "seed": seed})
-    def slug(env: str) -> str:  # capo_train.bench.slug: the cell folder's name for an env
-        return re.sub(r"[^A-Za-z0-9._-]+", "_", env).strip("_")
-
     known = {f"{slug(r.get('env', ''))}|{r.get('algo', '')}" for r in rows}
     for key in cells:  # cells not (yet) in results.csv still get a row
         if key not in known:
