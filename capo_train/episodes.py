@@ -51,8 +51,9 @@ def records_iteration(iteration: int, every: int, iterations: int) -> bool:
     return every > 0 and (iteration == 1 or iteration % every == 0 or iteration == iterations)
 
 
-def episode_file(out_dir: str | Path, iteration: int) -> Path:
-    return Path(out_dir) / EPISODES_DIR / f"iter-{iteration:06d}.jsonl"
+def episode_file(out_dir: str | Path, iteration: int, kind: str = "iter") -> Path:
+    """``episodes/iter-<NNNNNN>.jsonl`` (training) or, with ``kind="eval"``, the held-out evaluation's file."""
+    return Path(out_dir) / EPISODES_DIR / f"{kind}-{iteration:06d}.jsonl"
 
 
 def clip_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:
@@ -243,14 +244,13 @@ def held_out_recorder(config, iteration: int, tokenizer, env):
     """For ``trainer.evaluate(on_trajectories=...)``: writes the held-out (greedy) episodes of the evaluation
     after RL iteration ``iteration`` (0: before RL) to ``episodes/eval-<iteration>.jsonl``; None when
     recording is off. A failure is a warning."""
-    episodes = getattr(config, "record_episodes", 0)
-    if not getattr(config, "record_every", 0) or not episodes:
+    if not config.record_every:
         return None
 
     def record(trajectories) -> None:
         try:
-            path = Path(config.out_dir) / EPISODES_DIR / f"eval-{iteration:06d}.jsonl"
-            write_episodes(path, list(trajectories)[:episodes], iteration, tokenizer, env, "held-out")
+            path = episode_file(config.out_dir, iteration, kind="eval")
+            write_episodes(path, list(trajectories)[: config.record_episodes], iteration, tokenizer, env, "held-out")
         except Exception as e:  # noqa: BLE001
             warnings.warn(f"held-out episode recording failed: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
 
@@ -273,9 +273,7 @@ def _reason(protocol, text: str) -> str:
 
 def recorder_for(config, iteration: int, algo) -> EpisodeRecorder | None:
     """The recorder for RL iteration ``iteration`` (0-based, as the trainer counts), or None when it is not
-    recorded (``record_every``/``record_episodes`` from the config; absent keys: off)."""
-    every = getattr(config, "record_every", 0)
-    episodes = getattr(config, "record_episodes", 0)
-    if not episodes or not records_iteration(iteration + 1, every, config.iterations):
+    recorded (``record_every``, ``record_episodes``)."""
+    if not records_iteration(iteration + 1, config.record_every, config.iterations):
         return None
-    return EpisodeRecorder(algo, episodes)
+    return EpisodeRecorder(algo, config.record_episodes)
