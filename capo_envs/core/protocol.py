@@ -15,7 +15,7 @@ import re
 import reprlib
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 DEFAULT_MAX_ACTION_CHARS = 16_384
 DEFAULT_MAX_ARG_CHARS = 2_048
@@ -147,9 +147,15 @@ def _scan_tags(text: str, tags: Sequence[str]) -> tuple[list[_Span], str | None]
 
 
 class ActionProtocol:
-    """Base class: subclasses define ``instructions``, ``stop_strings``, ``parse`` and ``render``."""
+    """Base class: subclasses define ``instructions``, ``stop_strings``, ``parse`` and ``render``.
+
+    ``illegal``: set by an env whose legal actions depend on its state (a door that does not exist, a button
+    not on the page): given a well-formed action, the reason it is not possible now, or None. ``parse`` then
+    rejects such an action like a malformed one.
+    """
 
     name: str = "protocol"
+    illegal: Callable[[Action], str | None] | None = None
 
     def __init__(
         self,
@@ -191,7 +197,12 @@ class ActionProtocol:
             return ParseResult(
                 None, f"the action has {len(text)} characters; the limit is {self.max_action_chars}"
             )
-        return self._parse_text(_strip_think(text))
+        result = self._parse_text(_strip_think(text))
+        if result.valid and self.illegal is not None:
+            error = self.illegal(result.action)
+            if error:
+                return ParseResult(None, error)
+        return result
 
     def feedback(self, error: str) -> str:
         """The observation returned for an invalid action: what went wrong and the expected format."""

@@ -17,7 +17,7 @@ import random
 from typing import Any, Callable, Sequence
 
 from ..core.env import TextEnv
-from ..core.protocol import Action, ParseResult, TagProtocol, ToolCallProtocol, ToolSpec
+from ..core.protocol import Action, TagProtocol, ToolCallProtocol, ToolSpec
 
 SPLITS = ("train", "dev", "test")
 DEFAULT_TASKS = {"train": 10_000, "dev": 500, "test": 500}
@@ -55,19 +55,11 @@ def choice_knob(name: str, value: Any, choices: Sequence[str]) -> str:
 
 
 class _EnvRules:
-    """Mixed into a protocol class: the env's rule for which well-formed actions are legal now, and the
-    env's current cue appended to the format feedback (so an invalid action still shows what comes next)."""
+    """Mixed into a protocol class: the env's current cue appended to the format feedback (so an invalid
+    action still shows what comes next). The env's rule for which well-formed actions are legal now is the
+    protocol's ``illegal`` (``ActionProtocol.parse`` applies it)."""
 
-    illegal: Callable[[Action], str | None]
     cue: Callable[[], str]
-
-    def parse(self, action: Any) -> ParseResult:
-        result = super().parse(action)
-        if result.valid:
-            error = self.illegal(result.action)
-            if error:
-                return ParseResult(None, error)
-        return result
 
     def feedback(self, error: str) -> str:
         text = super().feedback(error)

@@ -23,17 +23,9 @@ class WebShopProtocol(ActionProtocol):
         super().__init__(tools, **kwargs)
         self.name = action_format
         self.action_format = action_format
-        # Set by the env: why a well-formed action does nothing on the current page, and that page's text.
-        self.illegal: Callable[[Action], str | None] = lambda action: None
+        # Set by the env: the current page's text (and, as ``illegal``, why a well-formed action does nothing
+        # on that page: ActionProtocol.parse applies it).
         self.page: Callable[[], str] = lambda: ""
-
-    def parse(self, action: Any) -> ParseResult:
-        result = super().parse(action)
-        if result.valid:
-            error = self.illegal(result.action)
-            if error:
-                return ParseResult(None, error)
-        return result
 
     def _parse_text(self, text: str) -> ParseResult:
         if self.action_format == "tags":
