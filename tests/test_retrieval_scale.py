@@ -51,15 +51,17 @@ def recall_at_5(results: list[list], golds: list[str]) -> float:
 def test_rule_with_numba_is_bm25s_at_every_size(monkeypatch):
     monkeypatch.setattr(bm25_kernel, "available", lambda: True)
     assert bm25.resolve_kernel() == "numba"
-    assert {bm25.choose_engine(n) for n in (1, 10_000, 10**6, 21 * 10**6)} == {"bm25s"}
+    plenty = 10**15  # memory is not the question here (tests/test_bm25_engine_choice.py)
+    assert {bm25.choose_engine(n, memory_bytes=plenty) for n in (1, 10_000, 10**6, 21 * 10**6)} == {"bm25s"}
 
 
 def test_rule_without_numba_switches_to_tantivy_above_the_threshold(monkeypatch):
     monkeypatch.setattr(bm25_kernel, "available", lambda: False)
     assert bm25.resolve_kernel() == "scipy"
-    assert bm25.choose_engine(bm25.SCIPY_MAX_PASSAGES) == "bm25s"
-    assert bm25.choose_engine(bm25.SCIPY_MAX_PASSAGES + 1) == "tantivy"
-    assert bm25.choose_engine(10**9, kernel="scipy") == "tantivy"
+    plenty = 10**15
+    assert bm25.choose_engine(bm25.SCIPY_MAX_PASSAGES, memory_bytes=plenty) == "bm25s"
+    assert bm25.choose_engine(bm25.SCIPY_MAX_PASSAGES + 1, memory_bytes=plenty) == "tantivy"
+    assert bm25.choose_engine(10**9, kernel="scipy", memory_bytes=plenty) == "tantivy"
     with pytest.raises(ImportError, match="numba"):
         bm25.resolve_kernel("numba")
 

@@ -6,11 +6,12 @@ HTTP backends are imported when ``open_retriever`` is asked for them.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .base import CachedRetriever, Hit, Passage, Retriever, read_corpus, write_corpus
-from .bm25 import BM25Retriever
+from .bm25 import DEFAULT_ANALYZER, BM25Retriever, auto_engine
 
 __all__ = [
     "Passage", "Hit", "Retriever", "CachedRetriever", "read_corpus", "write_corpus",
@@ -18,7 +19,7 @@ __all__ = [
 ]
 
 KINDS = ("bm25", "lucene", "dense", "hybrid")
-_BM25_KWARGS = {"engine", "show_progress", "kernel", "threads", "analyzer"}
+_BM25_KWARGS = {"engine", "show_progress", "kernel", "threads", "analyzer", "memory_bytes"}
 _HYBRID_KWARGS = {"rrf_k", "depth", "weights"}
 
 
@@ -34,13 +35,39 @@ def _index_class(kind: str):
     return LuceneRetriever
 
 
+def _saved_lucene(index_dir: Path) -> bool:
+    """Whether ``index_dir`` holds a ``lucene`` index (kind ``bm25`` saves one when it handed over)."""
+    try:
+        return json.loads((index_dir / "meta.json").read_text()).get("retriever") == "lucene"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _build_bm25(passages: Sequence[Passage], kwargs: dict[str, Any]) -> Retriever:
+    """Kind ``bm25``: ``BM25Retriever``, or Lucene when ``engine="auto"`` finds that the build of
+    neither Java-free engine fits in memory and Lucene is installed (``bm25.engine_choice``)."""
+    kwargs = dict(kwargs)
+    memory_bytes = kwargs.pop("memory_bytes", None)
+    if kwargs.get("engine", "auto") == "auto":  # only "auto" may hand over; engine="lucene" is no engine of kind bm25
+        kwargs["engine"] = auto_engine(
+            len(passages), kwargs.get("kernel", "auto"), memory_bytes, analyzer=kwargs.get("analyzer", DEFAULT_ANALYZER)
+        )
+        if kwargs["engine"] == "lucene":
+            from .lucene import LuceneRetriever
+
+            return LuceneRetriever.build(passages, threads=kwargs.get("threads") or 1, show_progress=kwargs.get("show_progress", False))
+    return BM25Retriever.build(passages, **kwargs)
+
+
 def _load_or_build(kind: str, get_passages: Callable[[], Sequence[Passage]], index_dir: Path | None, kwargs: dict[str, Any]) -> Retriever:
     cls = _index_class(kind)
     if index_dir is not None and index_dir.is_dir() and any(index_dir.iterdir()):
+        if kind == "bm25" and _saved_lucene(index_dir):
+            return _index_class("lucene").load(index_dir, threads=kwargs.get("threads") or 1)
         if kind == "bm25":  # how to score a saved index is chosen at load time
             return cls.load(index_dir, **{key: v for key, v in kwargs.items() if key in ("kernel", "threads")})
         return cls.load(index_dir)
-    retriever = cls.build(get_passages(), **kwargs)
+    retriever = _build_bm25(get_passages(), kwargs) if kind == "bm25" else cls.build(get_passages(), **kwargs)
     if index_dir is not None:
         retriever.save(index_dir)
     return retriever
@@ -60,13 +87,20 @@ def open_retriever(
     A saved index in ``index_dir`` is loaded; otherwise one is built from ``passages`` (or the JSONL
     ``corpus``) and saved to ``index_dir`` when given. ``hybrid`` keeps its BM25 and dense indexes
     in ``index_dir/bm25`` and ``index_dir/dense``. ``kwargs`` go to the backend's ``build`` (for
-    hybrid: ``engine``/``kernel``/``threads``/``analyzer`` to BM25, ``rrf_k``/``depth``/``weights``
-    to the fusion, the rest to dense); a saved BM25 index is loaded with ``kernel``/``threads``.
+    hybrid: ``engine``/``kernel``/``threads``/``analyzer``/``memory_bytes`` to BM25,
+    ``rrf_k``/``depth``/``weights`` to the fusion, the rest to dense); a saved BM25 index is loaded
+    with ``kernel``/``threads``.
 
-    ``bm25`` picks its engine by corpus size (``capo_envs.retrieval.bm25.choose_engine``, measured
-    by ``benchmarks/bench_retrieval_scale.py``): bm25s at every size when numba is installed (scored
-    by numba from 20k passages on, by scipy below, bit-identically); without numba, bm25s up to 50k
-    passages and tantivy above.
+    ``bm25`` with ``engine="auto"`` (``capo_envs.retrieval.bm25.engine_choice``, from the quiet
+    10k/100k/1M run of ``benchmarks/bench_retrieval_scale.py``) picks for speed first: bm25s at
+    every size when numba is installed (faster than Lucene at every size measured; scored by numba
+    from 20k passages on, by scipy below, bit-identically); without numba, bm25s up to 50k passages
+    and tantivy above. Then for memory: when that build's estimated peak (~4.6 KB per passage for
+    bm25s, ~1.2 KB for tantivy, on top of the loaded passages) exceeds 80% of the memory available
+    (``memory_bytes=`` overrides what the machine reports), it builds the ``lucene`` kind instead
+    when pyserini and Java are installed (saved in ``index_dir`` and loaded back as such), else
+    tantivy if that fits, else raises ``MemoryError`` naming the options. A switch is logged in one
+    line; an explicit ``engine="bm25s"``/``"tantivy"`` is always built as asked.
     ``analyzer="lucene"`` ranks as the ``lucene`` kind (pyserini) does, without Java.
     With ``cache_size > 0`` the result sits behind an LRU query cache.
     """

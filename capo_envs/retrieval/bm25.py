@@ -13,27 +13,43 @@ Analysis (bm25s only; ``analysis``): ``snowball`` (the default: bm25s's stopword
 k1 1.2, b 0.75) or ``lucene`` (pyserini's: Lucene's stopwords, Porter stems, k1 0.9, b 0.4, Lucene's
 rounded length norms), whose top 10 agrees with the ``lucene`` retriever's 0.99 of the time.
 
-How ``engine="auto"`` picks (``choose_engine``), from ``benchmarks/bench_retrieval_scale.py`` at
-10k, 30k and 100k generated Wikipedia-like passages (1000 NQ-like queries, k=10; 2 shared cores
-under load, so CPU time of the serving process is compared; load average 4.7-9.8):
+Measured quietly (``benchmarks/bench_retrieval_scale.py --sizes 10000,100000,1000000``, 2 cores,
+nothing else running; generated Wikipedia-like passages, 1000 NQ-like queries, k=10, one thread;
+docs/results/performance.md section 4a, raw cells in docs/results/retrieval_scale.jsonl), wall
+clock at 10k / 100k / 1M passages:
 
-* with numba: bm25s at every size, scored by numba from ``NUMBA_MIN_PASSAGES`` (20k) on and by
-  scipy below (bit-identical; small corpora keep today's scorer and skip numba's load time). The
-  numba kernel answered a single query in 0.046 / 0.062 / 0.124 ms (CPU p50) against Lucene's
-  1.2 / 1.5 / 2.5 ms through pyserini, tantivy's 0.081 / 0.140 / 0.272 and the scipy kernel's
-  0.164 / 0.251 / 0.510; batches at 30,038 / 22,319 / 10,331 queries per CPU-second (Lucene 1,193 /
-  916 / 609, tantivy 11,577 / 6,686 / 3,410, scipy 15,367 / 7,385 / 2,224). Its cost is linear in
-  the postings a query reads: an affine fit gives 0.04 ms + 0.9 ms per million passages for a
-  single query, i.e. ~0.9 ms at 1M and ~18 ms at 21M if the trend holds (a quiet 1M/5M run has to
-  show whether Lucene's pruning overtakes it at the largest sizes).
-* without numba: bm25s up to ``SCIPY_MAX_PASSAGES`` (50k), tantivy above: tantivy is faster for
-  single queries at every size measured, and for batches from between 30k and 100k passages on.
+* single query p50: bm25s-numba 0.044 / 0.119 / 1.05 ms, tantivy 0.075 / 0.266 / 1.92, bm25s-scipy
+  0.170 / 0.418 / 4.60, Lucene through pyserini 1.10 / 1.84 / 3.79;
+* batches: bm25s-numba 36,600 / 10,140 / 1,052 queries/s, tantivy 13,220 / 3,526 / 482, bm25s-scipy
+  16,379 / 2,783 / 172, Lucene 2,350 / 1,255 / 328;
+* so bm25s-numba is faster than Lucene at every size measured (1M: 3.6x single, 3.2x batch),
+  tantivy 2.0x / 1.5x at 1M and bm25s-scipy 0.8x / 0.5x;
+* memory at 1M: build peak RSS bm25s 5,558 MB (6,011 MB with ``analyzer="lucene"``), tantivy 2,252,
+  Lucene 1,112 (its indexer JVM 1,052); serving RSS 1,681 / 1,151 / 265 MB. bm25s and tantivy keep the
+  passages in Python memory (~1 KB each here), Lucene keeps them on disk;
+* ranking at 1M: recall@5 Lucene 0.554, bm25s 0.528 (0.555 with ``analyzer="lucene"``, whose top 10
+  agrees with Lucene's 0.994), tantivy 0.530.
 
-Ranking: bm25s and tantivy mostly agree (top-10 overlap 0.94 / 0.93 / 0.93, recall@5 within 0.003); against Lucene the
-``snowball`` analysis reaches 0.86-0.88 overlap and 0.004-0.015 lower recall@5 (0.771 vs 0.786 at
-100k), ``lucene`` 0.993-0.994 and the same recall@5 (0.956 / 0.900 / 0.786 vs Lucene's 0.956 / 0.898 /
-0.786) at the same speed. tantivy builds fastest and takes the least memory of the Java-free
-engines (at 100k: 4.1 vs 7.7 CPU-s to build, 87 vs 115 MB on disk, 283 vs 379 MB RSS serving).
+How ``engine="auto"`` picks (``engine_choice``; ``choose_engine`` gives just the name):
+
+1. Speed. With numba: bm25s at every size, scored by numba from ``NUMBA_MIN_PASSAGES`` (20k) on and
+   by scipy below (bit-identical; small corpora skip numba's load time). Without numba: bm25s up to
+   ``SCIPY_MAX_PASSAGES`` (50k), tantivy above (tantivy answers single queries faster at every size
+   and batches faster from between 10k and 100k on; the 50k cut is from an earlier run under load,
+   which put the crossing between 30k and 100k).
+2. Memory. The build's peak on top of the passages already in memory is estimated from the quiet
+   cells (``BUILD_MEMORY``: a least-squares line over 10k/100k/1M, 4.6 KB per passage for bm25s,
+   5.1 KB with ``analyzer="lucene"``, 1.2 KB for tantivy) and must fit in ``BUILD_MEMORY_SHARE`` (80%)
+   of the memory available now (``available_memory_bytes``: MemAvailable, capped by the cgroup
+   limit). When the pick of step 1 does not fit: Lucene (``open_retriever`` builds the ``lucene``
+   kind) when pyserini, pyjnius and Java are installed, else tantivy if it fits (not for
+   ``analyzer="lucene"``, which tantivy cannot do), else a ``MemoryError`` that names the options.
+   On the 24 GB machine of the benchmark (~22.6 GB available before the corpus is read, ~1 KB per
+   loaded passage) bm25s fits up to ~3.3M passages (~3.0M with ``analyzer="lucene"``), tantivy up
+   to ~9M; wiki-18's 21M go to Lucene.
+
+An explicit ``engine="bm25s"`` or ``"tantivy"`` is always built as asked. A choice other than bm25s
+is logged in one line with its reason (logger ``capo_envs.retrieval.bm25``).
 
 Both engines break score ties by corpus position (lower first) and only return passages that share
 at least one term with the query, so a query can get fewer than ``k`` hits, or none.
@@ -42,6 +58,8 @@ at least one term with the query, so a query can get fewer than ``k`` hits, or n
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
 import shutil
 import tempfile
@@ -62,6 +80,19 @@ KERNELS = ("numba", "scipy")
 SCIPY_MAX_PASSAGES = 50_000
 # From this many passages on, "auto" scores bm25s with numba when it imports (see resolve_kernel).
 NUMBA_MIN_PASSAGES = 20_000
+# What building an index adds to a process that already holds the passages, as (fixed bytes, bytes
+# per passage): least-squares lines through build_peak_rss_mb - build_rss_passages_mb of the quiet
+# 10k/100k/1M cells in docs/results/retrieval_scale.jsonl (tests/test_bm25_engine_choice.py refits
+# them). Generated Wikipedia-like passages (~100 words); longer passages need more.
+BUILD_MEMORY = {
+    ("bm25s", "snowball"): (148_000_000, 4_627),  # 1M: 5,558 MB peak, 1,005 MB of it the passages
+    ("bm25s", "lucene"): (148_000_000, 5_101),  # 1M: 6,011 MB (the requantising pass)
+    ("tantivy", "snowball"): (123_000_000, 1_184),  # 1M: 2,252 MB (512 MB writer heap included)
+}
+# "auto" plans a build to use at most this share of the available memory: the estimate is from one
+# corpus, and the rest of the process (env workers, the trainer) keeps allocating.
+BUILD_MEMORY_SHARE = 0.8
+logger = logging.getLogger(__name__)
 _FORMAT = "capo-bm25/1"
 # Lucene's default BM25 constants (tantivy's are fixed to these), so the two engines rank alike.
 _K1, _B = 1.2, 0.75
@@ -398,23 +429,172 @@ def resolve_kernel(kernel: str = "auto", n_passages: int | None = None) -> str:
     return kernel
 
 
-def choose_engine(n_passages: int, kernel: str = "auto") -> str:
-    """The engine ``engine="auto"`` builds for a corpus of ``n_passages``; see the module docstring.
+def build_memory_bytes(engine: str, n_passages: int, analyzer: str = DEFAULT_ANALYZER) -> int:
+    """Estimated peak memory that building ``engine`` over ``n_passages`` adds to a process that
+    already holds the passages (``BUILD_MEMORY``)."""
+    fixed, per_passage = BUILD_MEMORY[(engine, analysis(analyzer).name if engine == "bm25s" else "snowball")]
+    return int(fixed + per_passage * max(0, int(n_passages)))
 
-    bm25s everywhere when its numba kernel runs; with the scipy kernel alone, bm25s up to
-    ``SCIPY_MAX_PASSAGES`` and tantivy above it, where tantivy answered batches faster (and single
-    queries at every size measured). Corpora this small keep today's engine either way.
+
+def _cgroup_free_bytes() -> int | None:
+    """What this process's memory cgroup (v2, or v1) still allows, counting reclaimable page cache as
+    free; None without a limit. Only the process's own cgroup is read, not its ancestors."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, rel = line.split(":", 2)
+        if controllers == "":  # v2
+            names, root = ("memory.max", "memory.current", "inactive_file"), Path("/sys/fs/cgroup")
+        elif "memory" in controllers.split(","):  # v1
+            names = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+            root = Path("/sys/fs/cgroup/memory")
+        else:
+            continue
+        # inside a container's cgroup namespace the listed path may not exist: its root is the limit
+        for folder in (root / rel.lstrip("/"), root):
+            try:
+                limit = (folder / names[0]).read_text().strip()
+                used = int((folder / names[1]).read_text())
+                stat = dict(l.split() for l in (folder / "memory.stat").read_text().splitlines() if l.count(" ") == 1)
+            except (OSError, ValueError):
+                continue
+            if limit == "max" or int(limit) >= 2**60:  # no limit (v1 writes a huge number)
+                break
+            return max(0, int(limit) - used + int(stat.get(names[2], 0)))
+    return None
+
+
+def available_memory_bytes() -> int | None:
+    """Memory a build may take now: Linux's MemAvailable (free + reclaimable), capped by the cgroup
+    limit; elsewhere the free pages from ``os.sysconf``; None when neither can be read."""
+    free = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free = int(line.split()[1]) * 1024
+                break
+    except (OSError, ValueError, IndexError):
+        pass
+    if free is None:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            return None
+    cgroup = _cgroup_free_bytes()
+    return free if cgroup is None else min(free, cgroup)
+
+
+def lucene_unavailable() -> str | None:
+    """Why the ``lucene`` retriever cannot be built here (pyserini's Anserini jar, pyjnius, a Java
+    runtime: what ``capo_envs.retrieval.lucene`` needs), or None when it can. Starts no JVM."""
+    import importlib.util
+
+    from .lucene import anserini_jar, java_home
+
+    try:
+        anserini_jar()
+        home = java_home()
+    except (ImportError, RuntimeError) as e:
+        return str(e)
+    if importlib.util.find_spec("jnius_config") is None:  # not jnius itself: importing it starts the JVM
+        return "the lucene retriever needs pyjnius"
+    if not (home / "bin" / "java").exists() and shutil.which("java") is None:
+        return f"no java executable in {home}/bin or on PATH"
+    return None
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """What ``engine="auto"`` builds and why; ``reason`` is empty for the plain default."""
+
+    engine: str  # "bm25s", "tantivy" or "lucene" (the lucene retriever kind; open_retriever builds it)
+    reason: str = ""
+
+
+def _gb(n_bytes: float) -> str:
+    return f"{n_bytes / 1e9:.1f} GB"
+
+
+def engine_choice(
+    n_passages: int,
+    kernel: str = "auto",
+    memory_bytes: int | None = None,
+    *,
+    analyzer: str = DEFAULT_ANALYZER,
+    lucene: bool | None = None,
+) -> EngineChoice:
+    """The engine ``engine="auto"`` builds for ``n_passages`` (rule and figures: module docstring).
+
+    ``memory_bytes``: memory free for the build, the passages already loaded (None: what
+    ``available_memory_bytes`` reads now; no memory check if it cannot be read). ``lucene``: whether
+    Lucene may be chosen (None: if ``lucene_unavailable`` finds it installed, asked only when the
+    first pick does not fit; ``BM25Retriever.build`` passes False, as it builds only the Java-free
+    engines). Raises ``MemoryError`` when nothing fits.
     """
-    if resolve_kernel(kernel, n_passages) == "numba" or n_passages <= SCIPY_MAX_PASSAGES:
-        return "bm25s"
-    return "tantivy"
+    spec = analysis(analyzer)
+    if spec.name != DEFAULT_ANALYZER:
+        fast = "bm25s"  # tantivy's BM25 constants are fixed: only bm25s analyses as Lucene does
+    elif resolve_kernel(kernel, n_passages) == "numba" or n_passages <= SCIPY_MAX_PASSAGES:
+        fast = "bm25s"
+    else:
+        fast = "tantivy"
+    speed = "" if fast == "bm25s" else f"no numba kernel, {n_passages:,} > {SCIPY_MAX_PASSAGES:,} passages: tantivy is faster"
+    if memory_bytes is None:
+        memory_bytes = available_memory_bytes()
+    if memory_bytes is None:
+        return EngineChoice(fast, speed)
+    budget = BUILD_MEMORY_SHARE * memory_bytes
+    estimate = {engine: build_memory_bytes(engine, n_passages, spec.name) for engine in ENGINES}
+    if estimate[fast] <= budget:
+        return EngineChoice(fast, speed)
+    need = f"{fast}'s build needs ~{_gb(estimate[fast])} for {n_passages:,} passages"
+    have = f"{_gb(budget)} usable ({BUILD_MEMORY_SHARE:.0%} of {_gb(memory_bytes)} available)"
+    if lucene is False:
+        why_not_lucene = "not tried: BM25Retriever.build makes only bm25s or tantivy; open_retriever(\"bm25\") " \
+            "switches to Lucene when it is installed"
+    else:
+        why_not_lucene = None if lucene else lucene_unavailable()
+    if why_not_lucene is None:
+        return EngineChoice("lucene", f"{need}, {have}: Lucene (pyserini) builds with ~1 GB and serves from disk")
+    tantivy_can = fast != "tantivy" and spec.name == DEFAULT_ANALYZER  # tantivy cannot analyse as Lucene does
+    if tantivy_can and estimate["tantivy"] <= budget:
+        return EngineChoice("tantivy", f"{need}, {have}: tantivy's needs ~{_gb(estimate['tantivy'])}")
+    also = f" (tantivy's ~{_gb(estimate['tantivy'])})" if tantivy_can else ""
+    raise MemoryError(
+        f"BM25 over {n_passages:,} passages will not fit in memory: {need}{also}, {have}. Options: "
+        f"retriever=\"lucene\" (pyserini + Java; builds with ~1 GB, serves from disk; here: {why_not_lucene}); "
+        "a retrieval server on a machine with more memory (`capo serve-retriever`, then "
+        "retriever=\"http://host:port/retrieve\"); more memory; or an explicit engine=\"bm25s\"/\"tantivy\" to build anyway."
+    )
 
 
-def _engine_class(engine: str, n_passages: int = 0, kernel: str = "auto"):
-    name = choose_engine(n_passages, kernel) if engine == "auto" else engine
-    if name not in _ENGINE_CLASSES:
+def choose_engine(
+    n_passages: int,
+    kernel: str = "auto",
+    memory_bytes: int | None = None,
+    *,
+    analyzer: str = DEFAULT_ANALYZER,
+    lucene: bool | None = None,
+) -> str:
+    """The name of the engine ``engine="auto"`` builds: ``engine_choice(...).engine``."""
+    return engine_choice(n_passages, kernel, memory_bytes, analyzer=analyzer, lucene=lucene).engine
+
+
+def auto_engine(n_passages: int, kernel: str = "auto", memory_bytes: int | None = None, *,
+                analyzer: str = DEFAULT_ANALYZER, lucene: bool | None = None) -> str:
+    """``choose_engine``, logging one line with the reason when the pick is not bm25s."""
+    choice = engine_choice(n_passages, kernel, memory_bytes, analyzer=analyzer, lucene=lucene)
+    if choice.engine != DEFAULT_ENGINE:
+        logger.warning("BM25 engine %s for %d passages: %s", choice.engine, n_passages, choice.reason)
+    return choice.engine
+
+
+def _engine_class(engine: str):
+    if engine not in _ENGINE_CLASSES:
         raise ValueError(f"unknown BM25 engine {engine!r}; choose one of {('auto',) + ENGINES}")
-    return _ENGINE_CLASSES[name]
+    return _ENGINE_CLASSES[engine]
 
 
 class BM25Retriever(Retriever):
@@ -457,15 +637,23 @@ class BM25Retriever(Retriever):
         kernel: str = "auto",
         threads: int | None = None,
         analyzer: str = DEFAULT_ANALYZER,
+        memory_bytes: int | None = None,
     ) -> "BM25Retriever":
-        """``engine="auto"`` picks by corpus size (``choose_engine``); ``kernel`` and ``analyzer``
-        (``analysis``: ``"lucene"`` ranks as pyserini does) are bm25s's; ``threads`` is used for
-        indexing (tantivy; None: its own default, one per core) and for searching batches (None: 1)."""
+        """``engine="auto"`` picks by corpus size and the memory free now, or ``memory_bytes``
+        (``choose_engine``; never Lucene here: ``open_retriever("bm25")`` hands over to it, this
+        raises ``MemoryError`` instead when neither Java-free engine fits); ``kernel`` and
+        ``analyzer`` (``analysis``: ``"lucene"`` ranks as pyserini does) are bm25s's; ``threads`` is
+        used for indexing (tantivy; None: its own default, one per core) and for searching batches
+        (None: 1)."""
         passages = list(passages)
         spec = analysis(analyzer)
-        engine_cls = _engine_class("bm25s" if spec.name != DEFAULT_ANALYZER and engine == "auto" else engine, len(passages), kernel)
+        if engine != "auto":
+            _engine_class(engine)  # an unknown name fails before anything else
         if not passages:
             raise ValueError("cannot build a BM25 index over zero passages")
+        if engine == "auto":
+            engine = auto_engine(len(passages), kernel, memory_bytes, analyzer=spec.name, lucene=False)
+        engine_cls = _engine_class(engine)
         texts = [_passage_text(p) for p in passages]
         if engine_cls is _TantivyEngine:
             if spec.name != "snowball":
