@@ -296,6 +296,11 @@ def is_done(grid: GridConfig, directory: Path) -> bool:
     return (directory / "summary.json").exists() and rl_iterations_done(directory) >= grid.iterations
 
 
+# Settings a resumed cell may change: how far it runs, where it lives, and how env steps are scheduled
+# (the env pool gives identical trajectories whatever its kind and size: tests/test_envpool.py).
+_MAY_CHANGE_ON_RESUME = ("iterations", "eval_every", "out_dir", "rollout.env_pool", "rollout.env_workers")
+
+
 def _check_same_config(config: TrainConfig, directory: Path) -> None:
     """Refuse to mix results of different settings in one table: a cell already started must have been
     started with this config (iterations and eval_every may grow, the grid folder may move; keys one side
@@ -307,7 +312,7 @@ def _check_same_config(config: TrainConfig, directory: Path) -> None:
     saved = _flatten(json.loads(saved_path.read_text()))
     now = _flatten(to_dict(config))
     changed = {k: (saved[k], now[k]) for k in saved.keys() & now.keys()
-               if saved[k] != now[k] and now[k] is not None and k not in ("iterations", "eval_every", "out_dir")}
+               if saved[k] != now[k] and now[k] is not None and k not in _MAY_CHANGE_ON_RESUME}
     if changed:
         diff = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items()))
         raise ConfigError(f"{directory} was started with other settings ({diff}); use another out_dir or delete it")

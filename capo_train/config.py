@@ -73,11 +73,17 @@ class RolloutConfig:
     max_action_tokens: int = 40
     max_prompt_tokens: int = 1024
     temperature: float = 1.0
-    # Where env resets and steps run (capo_train/envpool.py, docs/envpool.md): "serial" in the trainer's
-    # thread; "thread" on env_workers threads (envs that wait outside the GIL: ALFWorld's engine processes);
-    # "process" in env_workers spawned processes (envs that hold the GIL, or a JVM). Same trajectories.
-    env_pool: str = "serial"
-    env_workers: int = 2
+    # Where env resets and steps run (capo_train/envpool.py, docs/envpool.md): "thread" on env_workers
+    # threads (envs that wait outside the GIL: ALFWorld's engine processes, HTTP retrievers; cheap envs lose
+    # ~14 us a call); "process" in env_workers spawned processes (envs that hold the GIL, or a JVM);
+    # "serial" in the trainer's thread, one call after the other. Same trajectories whichever.
+    env_pool: str = "thread"
+    env_workers: int | None = None  # null: the CPUs this process may use (envpool.auto_workers)
+    # What samples the training rollouts: "hf" (Hugging Face, in process, on the actor itself) or "vllm"
+    # (a vLLM engine colocated on the GPU, given the actor's weights after every update: docs/vllm.md).
+    # Held-out evaluation and the warm start always use hf.
+    backend: str = "hf"
+    vllm_gpu_memory_utilization: float = 0.3  # vllm only: the engine's share of the GPU's memory
 
 
 @dataclass
@@ -339,7 +345,9 @@ CONFIG_RULES: dict[str, Rule] = {
     "rollout.max_prompt_tokens": _int_at_least(1),
     "rollout.temperature": POSITIVE,
     "rollout.env_pool": _one_of("serial", "thread", "process"),
-    "rollout.env_workers": _int_at_least(1),
+    "rollout.env_workers": _or_null(_int_at_least(1)),
+    "rollout.backend": _one_of("hf", "vllm"),
+    "rollout.vllm_gpu_memory_utilization": ((lambda v: _is_number(v) and 0 < v <= 1), "a number in (0, 1]"),
     "optim.actor_lr": _or_null(POSITIVE),
     "optim.critic_lr": POSITIVE,
     "optim.weight_decay": NON_NEGATIVE,
@@ -429,6 +437,7 @@ def validate(config: TrainConfig) -> None:
         if "split" in config.env.kwargs:
             raise ConfigError("env.kwargs must not set split: set env.train_split and env.eval_split")
     env_spec(config.env.id)
+    _check_rollout_backend(config)
     if config.rollout.layout == "packed" and config.rollout.state != "concat":
         raise ConfigError("rollout.layout=packed needs rollout.state=concat (window prompts are rebuilt each step)")
     tasks, group = batch_shape(config)
@@ -437,6 +446,16 @@ def validate(config: TrainConfig) -> None:
             f"rollout.episodes_per_batch ({config.rollout.episodes_per_batch}) must be a multiple of the group "
             f"size ({group}, {config.algo}), so every task gets a full group; or set rollout.tasks_per_batch"
         )
+
+
+def _check_rollout_backend(config: TrainConfig) -> None:
+    """A backend that cannot run on this machine (``rollout.backend=vllm`` without vLLM or CUDA) is refused
+    now, before any model is loaded."""
+    from .backends.select import backend_problem
+
+    problem = backend_problem(config.rollout.backend, config.device)
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def batch_shape(config: TrainConfig) -> tuple[int, int]:

@@ -3,9 +3,10 @@
 ``rollout.collect`` plays all live episodes in lock-step: one batched generate call, then one env call per
 episode. Those env calls are independent (each episode owns its env), so they can run at the same time:
 
-- ``serial`` (the default, ``rollout.env_pool``): one after the other in the trainer's thread, as always.
-- ``thread``: a ``ThreadPoolExecutor`` of ``rollout.env_workers`` threads in the trainer's process. Enough for
-  envs that wait outside the GIL: ALFWorld's engine is already a child process per env
+- ``serial``: one after the other in the trainer's thread (the behaviour before pools existed).
+- ``thread`` (the default, ``rollout.env_pool``): a ``ThreadPoolExecutor`` of ``rollout.env_workers`` threads
+  in the trainer's process. Enough for envs that wait outside the GIL: ALFWorld's engine is already a child
+  process per env
   (``capo_envs/alfworld/engine.py``), so its threads wait on pipes; retrievers over sockets likewise. This is
   SkyRL's design (a ``ThreadPoolExecutor(max_env_workers)`` inside the generator process) and the one verl's
   agent loops use (``asyncio.to_thread`` per step); ``../shared/docs/domain-scaleout.md`` section 4.
@@ -14,6 +15,10 @@ episode. Those env calls are independent (each episode owns its env), so they ca
   worker's pipe. For envs that hold the GIL (pure-Python engines, BM25 scoring) or must not share the trainer's
   process: a JVM started by pyjnius/pyserini in a parent breaks forked children (castorini/pyserini#15,
   #1761), hence ``spawn``, so each worker starts its own.
+
+``rollout.env_workers`` null (the default) is :func:`auto_workers`, the CPUs this process may use. Neither
+pool starts more workers than it has envs to serve: threads start as calls need them, processes as envs
+are made, so the workers in use are ``min(envs, env_workers)``.
 
 Whatever the pool, trajectories are identical: the rollout draws every seed before the calls, an env's result
 depends only on its own calls, and results come back in the order the calls were given
@@ -26,6 +31,7 @@ This module never imports torch: a spawned worker imports only it, Gymnasium and
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -70,8 +76,8 @@ class EnvPool:
     def make(self, env_id: str, **kwargs: Any) -> gym.Env:
         if self.kind != "process":
             return gym.make(env_id, **kwargs)
-        if not self._workers:
-            self._workers = [_Worker() for _ in range(self.workers)]
+        if len(self._workers) < self.workers and self._made >= len(self._workers):
+            self._workers.append(_Worker())  # spawned as envs arrive: never more processes than envs
         worker = self._workers[self._made % self.workers]
         self._made += 1
         return ProcessEnv(worker, env_id, kwargs)
@@ -93,7 +99,7 @@ class EnvPool:
             self._executor = None
         for worker in self._workers:
             worker.stop()
-        self._workers = []
+        self._workers, self._made = [], 0
 
     def __enter__(self) -> EnvPool:
         return self
@@ -111,10 +117,29 @@ def pool_map(pool: EnvPool | None, fn: Callable[[T], R], items: Iterable[T]) -> 
 
 
 def pool_from_config(rollout: Any) -> EnvPool | None:
-    """The pool ``rollout.env_pool`` / ``rollout.env_workers`` ask for; None for ``serial`` (the trainer then
-    runs exactly as it did before pools existed). Missing keys (an older config object) mean serial."""
+    """The pool ``rollout.env_pool`` / ``rollout.env_workers`` ask for (``env_workers`` null:
+    :func:`auto_workers`); None for ``serial`` (the trainer then runs exactly as it did before pools
+    existed). Missing keys (an older config object) mean serial."""
     kind = getattr(rollout, "env_pool", "serial")
-    return None if kind == "serial" else EnvPool(kind, getattr(rollout, "env_workers", 2))
+    if kind == "serial":
+        return None
+    workers = getattr(rollout, "env_workers", None)
+    return EnvPool(kind, auto_workers() if workers is None else workers)
+
+
+def auto_workers() -> int:
+    """The CPUs this process may use (its affinity mask, else ``os.cpu_count()``), shared with the other
+    training processes on this node (``LOCAL_WORLD_SIZE``, set by ``torchrun`` / ``accelerate launch``);
+    at least 1. A pool never uses more workers than it has envs, so this is an upper bound."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cpus = os.cpu_count() or 1
+    try:
+        local_processes = max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
+    except ValueError:
+        local_processes = 1
+    return max(cpus // local_processes, 1)
 
 
 # ----------------------------------------------------------------------------- process workers

@@ -40,6 +40,7 @@ from .algorithms import BoundAlgorithm, StepBatch, get, kl_loss, token_value_los
 from .algorithms.losses import action_log_ratio, entropy_loss
 from .backends.base import GenerationBackend
 from .backends.hf import HFBackend
+from .backends.select import holds_weights, rollout_backend, sync_rollout_weights
 from .config import ConfigError, TrainConfig, batch_shape, default_actor_lr, env_kwargs, env_spec, to_dict
 from .envpool import EnvPool, pool_from_config
 from .episodes import held_out_recorder, recorder_for
@@ -487,13 +488,16 @@ class Run:
     trainable: torch.nn.Module | None = None  # ``model`` as the accelerator prepared it (DDP-wrapped on >1 process)
     task_pool: list[str] | None = None  # the train tasks RL draws from (None: all; see sft.tasks)
     env_pool: EnvPool | None = None  # where env calls run (rollout.env_pool; None: serially, in this thread)
+    engine: GenerationBackend | None = None  # a rollout backend with its own weights, kept across iterations (vLLM)
 
 
 def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, float]:
     config, model, tokenizer, algo, accelerator = run.config, run.model, run.tokenizer, run.algo, run.accelerator
     rank = accelerator.process_index if accelerator is not None else 0
     start = time.perf_counter()
-    backend = HFBackend(model.actor, tokenizer, batch_size=len(envs))
+    # rollout.backend: a fresh HFBackend on the actor, or the run's vLLM engine (backends/select.py)
+    backend = rollout_backend(config, model, tokenizer, batch_size=len(envs), engine=run.engine)
+    run.engine = backend if holds_weights(backend) else None
     tasks, group = batch_shape(config)
     trajectories = collect(
         envs, backend, tokenizer, run.rollout, tasks_per_batch=tasks, group_size=group,
@@ -518,6 +522,7 @@ def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, flo
     update_start = time.perf_counter()
     record |= update(run.trainable or model, run.optimizers, algo, batch, targets, config, generator, accelerator,
                      probe=recorder.observe if recorder is not None else None)
+    sync_rollout_weights(backend, model)  # a vLLM engine samples the next rollout with the updated actor
     update_s = time.perf_counter() - update_start
     tokens = float(batch.action_mask.sum())
     record |= {

@@ -171,6 +171,15 @@ def test_a_finished_grid_rerun_with_other_settings_is_refused(bench):
     assert (out / "grid.json").read_text() == before  # refused before anything was written
 
 
+def test_a_grid_resumes_under_another_env_pool(bench):
+    """The env pool changes how env steps are scheduled, never the trajectories: a grid started under
+    one pool (the default was serial before it was thread) is not refused under another."""
+    _, out, _ = bench
+    grid = load_grid(out / "grid.json", ["base.rollout.env_pool=process", "base.rollout.env_workers=2"])
+    rows = run_grid(grid)  # every cell is done: nothing trains, nothing is refused
+    assert rows and all(r["seeds_done"] >= 1 for r in rows)
+
+
 def test_aggregation_of_hand_written_records(tmp_path):
     log = tmp_path / "log.jsonl"
     records = [

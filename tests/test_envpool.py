@@ -15,7 +15,7 @@ import gymnasium as gym
 import pytest
 
 import capo_envs  # noqa: F401  (registers capo/*)
-from capo_train.envpool import EnvPool, EnvWorkerError, ProcessEnv, pool_from_config, pool_map
+from capo_train.envpool import EnvPool, EnvWorkerError, ProcessEnv, auto_workers, pool_from_config, pool_map
 
 KINDS = ("serial", "thread", "process")
 
@@ -156,8 +156,11 @@ def test_bad_pool_settings_are_refused(kind, workers):
 def test_config_keys_choose_the_pool():
     from capo_train.config import ConfigError, load_config
 
-    config = load_config()
-    assert config.rollout.env_pool == "serial" and pool_from_config(config.rollout) is None  # the default
+    config = load_config()  # the default: threads, as many as this process has CPUs
+    assert (config.rollout.env_pool, config.rollout.env_workers) == ("thread", None)
+    with pool_from_config(config.rollout) as pool:
+        assert (pool.kind, pool.workers) == ("thread", auto_workers())
+    assert pool_from_config(load_config(overrides=["rollout.env_pool=serial"]).rollout) is None  # still there
     config = load_config(overrides=["rollout.env_pool=thread", "rollout.env_workers=3"])
     pool = pool_from_config(config.rollout)
     assert (pool.kind, pool.workers) == ("thread", 3)
@@ -168,9 +171,33 @@ def test_config_keys_choose_the_pool():
         load_config(overrides=["rollout.env_workers=0"])
 
 
+def test_auto_workers_share_the_cpus_among_a_nodes_processes(monkeypatch):
+    import os
+
+    cpus = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert auto_workers() == cpus
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cpus + 1))  # more processes than CPUs: still one each
+    assert auto_workers() == 1
+
+
+def test_pools_start_no_more_workers_than_they_have_envs():
+    import threading
+
+    with EnvPool("process", workers=3) as pool:
+        envs = [pool.make("capo/SynthChain-v0", k=2) for _ in range(2)]
+        assert len(pool._workers) == 2  # the third process is never spawned
+        assert [e.reset(seed=0)[0] for e in envs] == [gym.make("capo/SynthChain-v0", k=2).reset(seed=0)[0]] * 2
+        more = [pool.make("capo/SynthChain-v0", k=2) for _ in range(3)]
+        assert len(pool._workers) == 3 and more[2]._worker is pool._workers[1]  # then round-robin
+    with EnvPool("thread", workers=8) as pool:
+        names = pool.map(lambda _: threading.current_thread().name, range(3))
+        assert len(pool._executor._threads) <= 3 and all(n.startswith("capo-env") for n in names)
+
+
 def test_training_with_a_process_pool_matches_a_serial_run(tiny_model_dir, tmp_path):
     """``capo train`` end to end (warm start, 2 iterations, held-out evaluation): the same log and weights
-    whichever pool played the episodes."""
+    whichever pool played the episodes (serial, the default thread pool, a process pool)."""
     import torch
 
     from capo_train.config import load_config
@@ -182,12 +209,14 @@ def test_training_with_a_process_pool_matches_a_serial_run(tiny_model_dir, tmp_p
              "rollout.max_prompt_tokens=2000", "optim.minibatch_rows=2", "eval_every=2", "eval_episodes=2",
              "sft.episodes=2", "log_tensorboard=false", "record_every=0", f"model.path={tiny_model_dir}"]
     runs = {}
-    for kind in ("serial", "process"):
+    for kind in ("serial", "default", "process"):  # the default is thread
         out = tmp_path / kind
-        train(load_config(None, [*small, f"out_dir={out}", f"rollout.env_pool={kind}"]), progress=False)
+        pool = [] if kind == "default" else [f"rollout.env_pool={kind}"]
+        train(load_config(None, [*small, f"out_dir={out}", *pool]), progress=False)
         log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
         timeless = [{k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))} for r in log]
         runs[kind] = timeless, load_checkpoint(out / CHECKPOINT)[0].state_dict()
-    assert runs["process"][0] == runs["serial"][0]
-    for key, value in runs["serial"][1].items():
-        torch.testing.assert_close(runs["process"][1][key], value, rtol=0, atol=0, msg=key)
+    for kind in ("default", "process"):
+        assert runs[kind][0] == runs["serial"][0], kind
+        for key, value in runs["serial"][1].items():
+            torch.testing.assert_close(runs[kind][1][key], value, rtol=0, atol=0, msg=f"{kind}: {key}")

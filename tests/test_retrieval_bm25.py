@@ -168,6 +168,24 @@ def test_cached_retriever_counts_hits_and_misses(retriever):
     assert cached.misses == 5
 
 
+def test_cached_retriever_shared_by_threads_answers_as_alone(retriever):
+    """The trainer's default env pool runs envs in threads that share one cached retriever: a cache
+    too small for the queries, so entries are evicted while other threads read them."""
+    import concurrent.futures
+
+    queries = [q for q, _ in QUERIES] + ["lava", "ice", "piano strings", "honey"]
+    alone = {q: retriever.search([q], 3)[0] for q in queries}
+    cached = CachedRetriever(retriever, maxsize=3)
+
+    def worker(offset: int) -> bool:
+        return all(cached.search([queries[(offset + i) % len(queries)]], 3)[0] == alone[queries[(offset + i) % len(queries)]]
+                   for i in range(300))
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(worker, range(8)))
+    assert cached.hits + cached.misses == 8 * 300 and len(cached._cache) <= 3
+
+
 def test_open_retriever_bm25_builds_saves_then_loads(passages, tmp_path, monkeypatch):
     corpus = tmp_path / "corpus.jsonl"
     write_corpus(passages, corpus)

@@ -7,6 +7,7 @@ layout ``{"id", "contents"}`` (title on the first line of ``contents``, often qu
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,29 +101,34 @@ def check_search_args(queries: Sequence[str], k: int) -> None:
 
 
 class CachedRetriever(Retriever):
-    """An LRU cache of ``(query, k)`` in front of any retriever: agents repeat queries a lot."""
+    """An LRU cache of ``(query, k)`` in front of any retriever: agents repeat queries a lot.
+
+    Safe to share between threads (the trainer's default env pool): the cache's bookkeeping is locked,
+    the inner search is not (two threads missing the same query may both search it)."""
 
     def __init__(self, inner: Retriever, maxsize: int = 10_000):
         self.inner = inner
         self.maxsize = maxsize
         self._cache: OrderedDict[tuple[str, int], list[Hit]] = OrderedDict()
+        self._lock = threading.Lock()
         self.hits = self.misses = 0
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         check_search_args(queries, k)
-        missing = list(dict.fromkeys(q for q in queries if (q, k) not in self._cache))
-        self.hits += len(queries) - len(missing)
-        self.misses += len(missing)
+        with self._lock:
+            known = {q: self._cache[(q, k)] for q in queries if (q, k) in self._cache}
+            missing = list(dict.fromkeys(q for q in queries if q not in known))
+            self.hits += len(queries) - len(missing)
+            self.misses += len(missing)
         if missing:
-            for query, hits in zip(missing, self.inner.search(missing, k)):
-                self._cache[(query, k)] = hits
-        results = []
-        for q in queries:
-            self._cache.move_to_end((q, k))
-            results.append(self._cache[(q, k)])
-        while len(self._cache) > self.maxsize:
-            self._cache.popitem(last=False)
-        return results
+            known.update(zip(missing, self.inner.search(missing, k)))
+        with self._lock:
+            for q in queries:
+                self._cache[(q, k)] = known[q]
+                self._cache.move_to_end((q, k))
+            while len(self._cache) > self.maxsize:
+                self._cache.popitem(last=False)
+        return [known[q] for q in queries]
 
     def close(self) -> None:
         self._cache.clear()

@@ -7,9 +7,9 @@ compute them from the same logits it sampled from.
 
 Implementations:
 - :class:`capo_train.backends.hf.HFBackend`: a Hugging Face model in this process (the reference).
-- vLLM (later): ``LLM.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-  SamplingParams(temperature=..., max_tokens=..., stop=..., include_stop_str_in_output=True, logprobs=0,
-  seed=...))``; ``token_ids`` = ``output.token_ids``, ``logprobs`` from ``output.logprobs`` (with
+- :class:`capo_train.backends.vllm.VLLMBackend` (``rollout.backend=vllm``): ``LLM.generate([TokensPrompt(
+  prompt_token_ids=p) for p in prompts], [SamplingParams(temperature=..., max_tokens=..., stop=...,
+  include_stop_str_in_output=True, logprobs=0, seed=...) per prompt])``; ``token_ids`` = ``output.token_ids``, ``logprobs`` from ``output.logprobs`` (with
   ``logprobs_mode="processed_logprobs"`` when temperature != 1), ``finish_reason`` from ``output``
   (``"stop"`` with a ``stop_reason`` string = a stop string, with ``None`` = EOS).
 - :class:`capo_train.backends.openai.OpenAIBackend`: an OpenAI-compatible server (vLLM, or ``capo serve``):

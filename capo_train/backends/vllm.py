@@ -1,6 +1,7 @@
 """A vLLM generation backend, in process and colocated with the trainer: token ids in, token ids and their
 log-probs out (``capo_train.backends.base``), for GPU runs where Hugging Face's ``generate`` is the bottleneck.
-Optional: ``pip install vllm`` (a CUDA build; it is not part of any CPU extra).
+Optional: ``pip install vllm`` (a CUDA build; it is not part of any CPU extra). ``capo train
+rollout.backend=vllm`` samples the training rollouts with it (``capo_train/backends/select.py``, docs/vllm.md).
 
 What it takes care of (../shared/docs/domain-scaleout.md, section 2):
 
@@ -19,6 +20,10 @@ What it takes care of (../shared/docs/domain-scaleout.md, section 2):
 - **End reasons kept apart**: ``finish_reason="stop"`` with a string ``stop_reason`` is a stop string,
   with ``None`` (or a token id) it is EOS, ``"length"`` is the token budget; verl merges the first and the
   last into one "completed" reason, this backend does not.
+- **One seed per prompt**: a vLLM request with a ``seed`` samples from its own generator, so one seed
+  shared by a batch would give the G rollouts of a group (the same prompt) the same action. Each prompt
+  gets its own seed, drawn from the call's (:func:`request_seeds`): a call is reproducible, its samples
+  are not copies of each other.
 - **Weights from the trainer**: :meth:`VLLMBackend.sync_weights` loads the actor's current weights into
   the engine after each update (LoRA adapters merged for the copy, then unmerged) and resets the prefix
   cache. It reaches the engine's model in this process, so the engine runs without vLLM's engine-core
@@ -32,6 +37,7 @@ path against ``capo serve`` keeps covering the same interface (tests/test_backen
 from __future__ import annotations
 
 import os
+import random
 from typing import Any, Iterable, Sequence
 
 from .base import Generation, check_generate_args
@@ -51,6 +57,13 @@ def sampled_logprobs(token_ids: Sequence[int], logprobs: Sequence[dict] | None) 
     if logprobs is None or len(logprobs) != len(token_ids):
         raise RuntimeError("vLLM returned no log-prob for some sampled token (is logprobs=0 set?)")
     return [float(step[token].logprob) for step, token in zip(logprobs, token_ids)]
+
+
+def request_seeds(seed: int | None, count: int) -> list[int | None]:
+    """One seed per request, distinct, drawn from ``seed`` (all None without one: the engine's own RNG)."""
+    if seed is None:
+        return [None] * count
+    return random.Random(seed).sample(range(2**31), count)
 
 
 def trainer_weights(model) -> Iterable[tuple[str, Any]]:
@@ -111,15 +124,15 @@ class VLLMBackend:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = SamplingParams(
+        params = [SamplingParams(
             temperature=0.0 if greedy else temperature,
             max_tokens=max_new_tokens,
             stop=list(stop) or None,
             include_stop_str_in_output=True,
             logprobs=0,  # the sampled token's own log-prob only
-            seed=seed,
+            seed=request_seed,  # one per prompt: a shared one would make a group's samples identical
             skip_special_tokens=True,
-        )
+        ) for request_seed in request_seeds(seed, len(prompts))]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         generations = []
         for output in outputs:

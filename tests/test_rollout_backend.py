@@ -1,0 +1,232 @@
+"""rollout.backend: the trainer picks its rollout backend through ``backends.select.rollout_backend`` and
+syncs weights through ``sync_rollout_weights``; ``rollout.backend=vllm`` on a machine without vLLM or CUDA
+stops at config validation, before any model is loaded.
+
+The CPU tests drive ``rl_iteration`` with an engine that, like vLLM, generates from its own copy of the
+weights, to check that the trainer samples with it and hands it the updated (LoRA-merged) actor after the
+update. The GPU tests (skipped without vllm and a GPU; never run yet) do the same with a real vLLM engine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from capo_train.backends import HFBackend
+from capo_train.backends.select import backend_problem, holds_weights, rollout_backend, sync_rollout_weights
+from capo_train.backends.vllm import request_seeds, trainer_weights
+from capo_train.config import ConfigError, load_config
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+VLLM_RUNS_HERE = HAS_VLLM and torch.cuda.is_available()
+needs_gpu = pytest.mark.skipif(not VLLM_RUNS_HERE, reason="needs vllm and a GPU")
+
+
+# ----------------------------------------------------------------------------- config validation
+
+
+def test_hf_is_the_default_and_vllm_on_cpu_is_refused():
+    assert load_config().rollout.backend == "hf"
+    with pytest.raises(ConfigError, match="rollout.backend=vllm needs a CUDA GPU, but device=cpu"):
+        load_config(overrides=["rollout.backend=vllm", "device=cpu"])
+    with pytest.raises(ConfigError, match="rollout.backend must be one of 'hf', 'vllm'"):
+        load_config(overrides=["rollout.backend=sglang"])
+    with pytest.raises(ConfigError, match="rollout.vllm_gpu_memory_utilization"):
+        load_config(overrides=["rollout.vllm_gpu_memory_utilization=1.5"])
+    assert backend_problem("hf", "cpu") is None
+
+
+@pytest.mark.skipif(VLLM_RUNS_HERE, reason="vLLM can run here")
+def test_capo_train_with_vllm_stops_before_loading_the_model(tmp_path):
+    """Without vLLM or CUDA, `capo train rollout.backend=vllm` exits with the reason; the model path does
+    not exist, so getting as far as loading a model would fail differently."""
+    from capo_train.cli import main
+
+    with pytest.raises(ConfigError, match="rollout.backend=vllm needs (vLLM|a CUDA GPU)"):
+        load_config(overrides=["rollout.backend=vllm"])
+    with pytest.raises(SystemExit, match="capo: rollout.backend=vllm needs") as stop:
+        main(["train", "rollout.backend=vllm", f"model.path={tmp_path / 'no-such-model'}",
+              f"out_dir={tmp_path / 'run'}"])
+    assert "use rollout.backend=hf" in str(stop.value)
+    assert not (tmp_path / "run").exists()  # stopped before the run folder was made
+
+
+def test_request_seeds_are_distinct_and_reproducible():
+    """A seed shared by a batch would give every rollout of a group (same prompt) the same action."""
+    seeds = request_seeds(7, 8)
+    assert len(set(seeds)) == 8 and seeds == request_seeds(7, 8) and seeds != request_seeds(8, 8)
+    assert all(0 <= s < 2**31 for s in seeds)
+    assert request_seeds(None, 3) == [None, None, None]
+
+
+# ----------------------------------------------------------------------------- the trainer's selection
+
+
+@pytest.fixture()
+def lora_run(tiny_model_dir, tmp_path):
+    """A ``Run`` on the tiny Llama with LoRA on every layer, on SynthChain, as ``train`` builds it."""
+    from capo_train.algorithms import get
+    from capo_train.models.actor_critic import LoraSettings, build_actor_critic
+    from capo_train.rollout import RolloutSettings
+    from capo_train.trainer import Run, _optimizers, make_envs
+
+    config = load_config(overrides=[
+        f"model.path={tiny_model_dir}", "env.kwargs={k: 2, expert_skill: 0.0}", "rollout.tasks_per_batch=2",
+        "rollout.group_size=2", "rollout.max_action_tokens=6", "optim.actor_lr=0.01", "optim.minibatch_rows=4",
+        "record_every=0", "rollout.env_pool=serial", f"out_dir={tmp_path}",
+    ])
+    torch.manual_seed(0)
+    model, tokenizer = build_actor_critic(str(tiny_model_dir), lora=LoraSettings(r=4, alpha=8, last_layers=0))
+    algo = get(config.algo).bind(config.algo_overrides)
+    run = Run(config=config, model=model, tokenizer=tokenizer, optimizers=_optimizers(model, config), algo=algo,
+              rollout=RolloutSettings.from_config(config.rollout), reference=None)
+    envs = make_envs(config, config.env.train_split, 4)
+    yield run, envs
+    for env in envs:
+        env.close()
+
+
+def test_hf_rollouts_generate_with_the_actor_itself(lora_run):
+    run, _ = lora_run
+    first = rollout_backend(run.config, run.model, run.tokenizer, batch_size=4)
+    second = rollout_backend(run.config, run.model, run.tokenizer, batch_size=4)
+    assert isinstance(first, HFBackend) and first.model is run.model.actor
+    assert first is not second  # a fresh one per rollout: no prefix cache outlives an update
+    assert not holds_weights(first)
+    sync_rollout_weights(first, run.model)  # nothing to do, nothing raised
+
+
+class CopyEngine:
+    """Like a vLLM engine, generates from its own copy of the weights, which only ``sync_weights`` changes;
+    the copy is loaded as ``VLLMBackend.sync_weights`` feeds vLLM: LoRA merged, ``trainer_weights`` names."""
+
+    def __init__(self, base: str, tokenizer):
+        from capo_train.models.actor_critic import load_actor
+
+        self.copy = load_actor(base)[0].eval()  # built from the base checkpoint, as VLLMBackend.from_pretrained
+        self.hf = HFBackend(self.copy, tokenizer, batch_size=4)
+        self.pad_id, self.device = self.hf.pad_id, self.hf.device
+        self.syncs = 0
+
+    def generate(self, prompts, **kwargs):
+        return self.hf.generate(prompts, **kwargs)
+
+    def sync_weights(self, model) -> None:
+        with torch.no_grad():
+            model.merge_adapter()
+            try:
+                self.copy.load_state_dict({name: t.clone() for name, t in trainer_weights(model)}, strict=True)
+            finally:
+                model.unmerge_adapter()
+        self.hf.clear_prefixes()
+        self.syncs += 1
+
+
+def merged_actor(model) -> dict[str, torch.Tensor]:
+    with torch.no_grad():
+        model.actor.merge_adapter()
+        weights = {name: t.clone() for name, t in trainer_weights(model.actor)}
+        model.actor.unmerge_adapter()
+    return weights
+
+
+def test_an_engine_with_its_own_weights_samples_and_gets_the_update(lora_run):
+    """rl_iteration keeps a weight-holding backend across iterations, samples with it, and syncs it once
+    after the update: its copy then equals the updated actor with the LoRA adapters merged in."""
+    from capo_train.trainer import rl_iteration
+
+    run, envs = lora_run
+    run.config.rollout.backend = "vllm"  # set in code, as a GPU run's config would say; the engine is given
+    engine = CopyEngine(run.model.meta["base"], run.tokenizer)
+    run.engine = engine
+    before = merged_actor(run.model)
+    record = rl_iteration(run, 0, envs)
+    assert record["rollout/tokens_generated"] > 0 and engine.hf.prefilled_tokens > 0  # the engine sampled
+    assert run.engine is engine and engine.syncs == 1
+    after = merged_actor(run.model)
+    assert any(not torch.equal(before[k], after[k]) for k in after)  # the update moved the merged weights
+    synced = engine.copy.state_dict()
+    for name, tensor in after.items():
+        torch.testing.assert_close(synced[name], tensor, rtol=0, atol=0, msg=name)
+    assert rollout_backend(run.config, run.model, run.tokenizer, batch_size=4, engine=engine) is engine
+
+
+def test_vllm_without_an_engine_is_refused_when_built_in_code(lora_run):
+    """A config set in code skips validation: building the engine says why it cannot, without vLLM/CUDA."""
+    if VLLM_RUNS_HERE:
+        pytest.skip("vLLM can run here")
+    run, _ = lora_run
+    run.config.rollout.backend = "vllm"
+    with pytest.raises(ConfigError, match="rollout.backend=vllm needs"):
+        rollout_backend(run.config, run.model, run.tokenizer, batch_size=4)
+
+
+# ----------------------------------------------------------------------------- on a GPU with vLLM
+
+
+@pytest.fixture(scope="module")
+def vllm_model_dir(tmp_path_factory):
+    from capo_train.models import make_tiny_llama
+
+    path = tmp_path_factory.mktemp("tiny-vllm-trainer")
+    model, tokenizer = make_tiny_llama(hidden_size=128, num_layers=2, seed=0)  # head size 32
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@needs_gpu
+def test_vllm_rollout_backend_follows_the_lora_actor(vllm_model_dir, tmp_path):
+    from capo_train.backends.vllm import VLLMBackend
+    from capo_train.models.actor_critic import LoraSettings, build_actor_critic
+
+    config = load_config(overrides=[f"model.path={vllm_model_dir}", "rollout.backend=vllm",
+                                    "rollout.vllm_gpu_memory_utilization=0.2", f"out_dir={tmp_path}"])
+    model, tokenizer = build_actor_critic(str(vllm_model_dir), lora=LoraSettings(r=4, alpha=8, last_layers=0))
+    model.cuda()
+    with torch.no_grad():
+        for name, p in model.actor.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.5)  # a trained adapter, before the engine is built: it must start merged
+    backend = rollout_backend(config, model, tokenizer, batch_size=4)
+    assert isinstance(backend, VLLMBackend) and holds_weights(backend)
+    prompt = tokenizer.encode("Which door?")
+
+    def hf_greedy() -> list[int]:
+        with torch.no_grad():
+            model.actor.merge_adapter()
+            out = model.actor.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=8, do_sample=False)
+            model.actor.unmerge_adapter()
+        return out[0, len(prompt):].tolist()
+
+    first = backend.generate([prompt], stop=[], max_new_tokens=8, greedy=True, seed=0)[0].token_ids
+    assert first == hf_greedy()[: len(first)]
+    with torch.no_grad():
+        for name, p in model.actor.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.5)  # an update
+    sync_rollout_weights(backend, model)
+    synced = backend.generate([prompt], stop=[], max_new_tokens=8, greedy=True, seed=0)[0].token_ids
+    assert synced == hf_greedy()[: len(synced)] and synced != first
+    group = backend.generate([prompt] * 4, stop=[], max_new_tokens=8, temperature=1.0, seed=3)
+    assert len({tuple(g.token_ids) for g in group}) > 1  # one seed per request: a group's samples differ
+
+
+@needs_gpu
+def test_capo_train_runs_with_vllm_rollouts(vllm_model_dir, tmp_path):
+    import json
+
+    from capo_train.trainer import train
+
+    out = tmp_path / "run"
+    config = load_config(overrides=[
+        f"model.path={vllm_model_dir}", "rollout.backend=vllm", "rollout.vllm_gpu_memory_utilization=0.2",
+        "iterations=2", "rollout.tasks_per_batch=2", "rollout.group_size=2", "rollout.max_action_tokens=8",
+        "sft.episodes=2", "eval_every=0", "log_tensorboard=false", "record_every=0", f"out_dir={out}",
+    ])
+    train(config, progress=False)
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    rl = [r for r in log if r.get("iteration", 0) >= 1]
+    assert [r["iteration"] for r in rl] == [1, 2] and all(r["rollout/tokens_generated"] > 0 for r in rl)
