@@ -60,6 +60,8 @@ ROWS = [
     ("capo/SynthLength-v0", {}, "random", 0.0),
     ("capo/SynthLength-v0", {}, "random pick, copy", 0.25),
     ("capo/SynthLength-v0", {"records": 2, "long_words": 64}, "random pick, copy", 0.5),
+    ("capo/SynthLength-v0", {"long_words": 8, "texts": "recall", "ask_by": "number"}, "oracle", 1.0),
+    ("capo/SynthLength-v0", {"long_words": 8, "texts": "recall", "ask_by": "number"}, "random", 0.0),
     ("capo/SynthTrap-v0", {}, "oracle", 1.0),
     ("capo/SynthTrap-v0", {}, "random", (1 / 9) ** 3),
     ("capo/SynthTrap-v0", {}, "shortcut", 0.5**3),

@@ -140,8 +140,11 @@ def test_expert_solves_every_chain_setting():
 
 def test_expert_solves_every_length_setting():
     settings = itertools.product(range(2, 10), range(1, 65), ("f1", "exact"), ("tags", "tool_call"))
-    for records, long_words, reward, action_format in settings:
-        env = SynthLengthEnv(records, long_words, reward, num_tasks=2, action_format=action_format)
+    for n, (records, long_words, reward, action_format) in enumerate(settings):
+        texts, ask_by = ("copy", "recall")[n % 2], ("name", "number")[n // 2 % 2]
+        env = SynthLengthEnv(
+            records, long_words, reward, texts=texts, ask_by=ask_by, num_tasks=2, action_format=action_format
+        )
         assert_expert_solves(env, episodes=2)
 
 
@@ -201,7 +204,52 @@ def test_a_wrong_pick_spoils_the_long_write():
     _, reward, terminated, _, info = env.step(f"<write>{copied}</write>")
     metrics = info["metrics"]
     assert terminated and metrics["pick_correct"] == 0.0 and metrics["success"] == 0.0
-    assert reward == metrics["write_f1"] < 0.6  # the shown text is another record's
+    assert reward == 0.0  # only a write after the right pick scores
+    assert metrics["write_f1"] < 0.6  # the write alone, against the right text: the shown one is another record's
+
+
+def test_a_wrong_pick_scores_nothing_even_with_the_right_text():
+    env = make("capo/SynthLength-v0", records=4, long_words=8)
+    env.reset(seed=3)
+    right = env.unwrapped.expert_action()
+    env.step(right)
+    right_text = re.search(r"<write>(.*)</write>", env.unwrapped.oracle_action()).group(1)
+    env.reset(seed=3)  # the same task again
+    env.step(next(a for a in env.unwrapped.available_actions() if a != right))
+    _, reward, _, _, info = env.step(f"<write>{right_text}</write>")
+    assert reward == 0.0 and info["metrics"]["success"] == 0.0 and info["metrics"]["write_f1"] == 1.0
+
+
+def test_recall_texts_are_one_per_animal_and_never_shown():
+    """texts="recall": an animal's text is the same in every task and split of a seed, and differs across seeds."""
+    texts_by_seed = []
+    for seed in (0, 1):
+        texts = {}
+        for split in ("train", "dev"):
+            env = make("capo/SynthLength-v0", texts="recall", ask_by="number", long_words=8, seed=seed, split=split)
+            for task in range(40):
+                obs, _ = env.reset(seed=task)
+                asked = int(re.search(r"Pick record (\d)\.$", obs).group(1))
+                animal = re.search(rf"{asked} (\w+)", obs).group(1)
+                obs = env.step(env.unwrapped.oracle_action())[0]
+                assert obs == f"Record {asked} ({animal}). Write its text."  # recalled, not copied
+                text = re.search(r"<write>(.*)</write>", env.unwrapped.oracle_action()).group(1)
+                assert texts.setdefault(animal, text) == text and len(text.split()) == 8
+                assert env.step(f"<write>{text}</write>")[1] == 1.0
+        texts_by_seed.append(texts)
+    shared = texts_by_seed[0].keys() & texts_by_seed[1].keys()
+    assert len(shared) >= 10 and all(texts_by_seed[0][a] != texts_by_seed[1][a] for a in shared)
+
+
+def test_ask_by_changes_only_how_the_record_is_named():
+    by_name = make("capo/SynthLength-v0", ask_by="name")
+    by_number = make("capo/SynthLength-v0", ask_by="number")
+    for task in range(20):
+        name_obs, _ = by_name.reset(seed=task)
+        number_obs, _ = by_number.reset(seed=task)
+        assert name_obs.split(". Pick")[0] == number_obs.split(". Pick")[0]  # the same listing
+        assert by_name.unwrapped.oracle_action() == by_number.unwrapped.oracle_action()
+        assert re.search(r"Pick the \w+\.$", name_obs) and re.search(r"Pick record \d\.$", number_obs)
 
 
 # ----------------------------------------------------------------------------------------- splits, seeds
@@ -324,6 +372,7 @@ def test_trap_shortcut_is_invalid_and_counted():
         ("capo/SynthChain-v0", {"reward": "sum"}), ("capo/SynthChain-v0", {"distractor": 1}),
         ("capo/SynthChain-v0", {"action_format": "tool_call"}), ("capo/SynthLength-v0", {"long_words": 65}),
         ("capo/SynthLength-v0", {"records": 1}), ("capo/SynthLength-v0", {"action_format": "json"}),
+        ("capo/SynthLength-v0", {"texts": "shown"}), ("capo/SynthLength-v0", {"ask_by": "colour"}),
         ("capo/SynthTrap-v0", {"temptation": 1.5}), ("capo/SynthTrap-v0", {"steps": True}),
         ("capo/SynthTrap-v0", {"num_tasks": 0}), ("capo/SynthTrap-v0", {"invalid_penalty": -1}),
     ],

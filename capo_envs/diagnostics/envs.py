@@ -114,10 +114,16 @@ class SynthLengthEnv(DiagnosticEnv):
     """Two actions of very different lengths: ``<pick>n</pick>`` one of ``records`` records (the observation
     names the animal to pick), then ``<write>...</write>`` the picked record's text (``long_words`` words).
 
-    The text shown at the second step is the *picked* record's, and the write is scored against the right
-    record's, so a wrong 3-token pick spoils the long action. Reward at the end only: the write's token F1
-    (``reward="f1"``) or its exact match (``reward="exact"``). ``action_format="tool_call"`` makes the pick a
-    Hermes tool call and the write the final ``<write>`` reply.
+    The text shown at the second step is the *picked* record's, and only a write after the right pick
+    scores, so a wrong 3-token pick spoils the long action. Reward at the end only: the write's token F1
+    (``reward="f1"``) or its exact match (``reward="exact"``) against the right record's text, 0 after a
+    wrong pick. ``texts="copy"`` draws every record's text anew for each task (the write is a copy of the
+    text shown); ``texts="recall"`` gives each animal one text for the env's ``seed`` (the same in every
+    task and split), never shown: the write must recall it, which a small model can learn by heart. Step 1
+    names the record to pick by animal (``ask_by="name"``: a look-up in the listing) or by number
+    (``ask_by="number"``: read off, as SynthChain's sign). A tiny byte-level model learns neither the copy
+    nor the look-up from a few hundred episodes, so docs/results/table1_diagnostics uses recall by number.
+    ``action_format="tool_call"`` makes the pick a Hermes tool call and the write the final ``<write>`` reply.
     """
 
     name = "synthlength"
@@ -127,6 +133,8 @@ class SynthLengthEnv(DiagnosticEnv):
         records: int = 4,
         long_words: int = 16,
         reward: str = "f1",
+        texts: str = "copy",
+        ask_by: str = "name",
         seed: int = 0,
         split: str = "train",
         num_tasks: int | None = None,
@@ -139,6 +147,11 @@ class SynthLengthEnv(DiagnosticEnv):
         self.records = int_knob("records", records, 2, 9)
         self.long_words = int_knob("long_words", long_words, 1, 64)
         self.reward_kind = choice_knob("reward", reward, ("f1", "exact"))
+        self.texts = choice_knob("texts", texts, ("copy", "recall"))
+        self.ask_by = choice_knob("ask_by", ask_by, ("name", "number"))
+        # One text per animal for this seed (its own generator: the task ids' generators stay as they are).
+        recall_rng = random.Random(f"{self.name}-{seed}-recall-texts")
+        self._recall_texts = {label: self._random_text(recall_rng) for label in ANIMALS}
         tools = [
             ToolSpec("pick", "number", "pick a record by its number"),
             ToolSpec("write", "text", "write the picked record's text; this ends the episode"),
@@ -152,7 +165,9 @@ class SynthLengthEnv(DiagnosticEnv):
 
     def _begin(self, rng: random.Random) -> None:
         self._labels = rng.sample(ANIMALS, self.records)
-        self._texts = [" ".join(rng.choice(WORDS) for _ in range(self.long_words)) for _ in range(self.records)]
+        self._texts = [self._random_text(rng) for _ in range(self.records)]
+        if self.texts == "recall":
+            self._texts = [self._recall_texts[label] for label in self._labels]
         self._target = rng.randrange(self.records)
         self._picked: int | None = None
         self._written: str | None = None
@@ -160,10 +175,14 @@ class SynthLengthEnv(DiagnosticEnv):
     def _observe(self) -> str:
         if self._decisions == 0:
             listing = ", ".join(f"{n} {label}" for n, label in enumerate(self._labels, 1))
-            return f"Records: {listing}. Pick the {self._labels[self._target]}."
+            asked = f"the {self._labels[self._target]}" if self.ask_by == "name" else f"record {self._target + 1}"
+            return f"Records: {listing}. Pick {asked}."
         if self._picked is None:
             return "Nothing was picked. Write the text anyway."
-        return f"Record {self._picked + 1} ({self._labels[self._picked]}): {self._texts[self._picked]}. Copy its text."
+        record = f"Record {self._picked + 1} ({self._labels[self._picked]})"
+        if self.texts == "recall":
+            return f"{record}. Write its text."
+        return f"{record}: {self._texts[self._picked]}. Copy its text."
 
     def _illegal(self, action: Action) -> str | None:
         want = "pick" if self._decisions == 1 else "write"
@@ -180,8 +199,11 @@ class SynthLengthEnv(DiagnosticEnv):
         self._written = action.args["text"]
         return Outcome("Done.", reward=self._final_reward(), terminated=True)
 
-    def _write_score(self, kind: str) -> float:
-        if self._written is None:
+    def _random_text(self, rng: random.Random) -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(self.long_words))
+
+    def _write_score(self, kind: str, after_right_pick: bool = True) -> float:
+        if self._written is None or (after_right_pick and self._picked != self._target):
             return 0.0
         score = exact_match if kind == "exact" else f1_score
         return score(self._written, [self._texts[self._target]])
@@ -193,7 +215,7 @@ class SynthLengthEnv(DiagnosticEnv):
         return {
             "success": self._write_score("exact"),
             "pick_correct": float(self._picked == self._target),
-            "write_f1": self._write_score("f1"),
+            "write_f1": self._write_score("f1", after_right_pick=False),  # the write alone, whatever the pick
         }
 
     def available_actions(self) -> list[str] | None:
