@@ -57,7 +57,7 @@ def flat(passages, cache_dir) -> DenseRetriever:
     return DenseRetriever.build(passages, cache_dir=cache_dir, show_progress=False)
 
 
-@pytest.mark.parametrize("index_type", ["flat", "hnsw", "ivfpq"])
+@pytest.mark.parametrize("index_type", ["flat", "hnsw", "ivfpq", "ivfsq"])
 def test_paraphrase_query_ranks_its_passage_first(index_type, flat, passages, cache_dir):
     r = flat if index_type == "flat" else DenseRetriever.build(passages, index_type=index_type, cache_dir=cache_dir, show_progress=False)
     results = r.search([q for q, _ in QUERIES], 3)
@@ -77,10 +77,34 @@ def test_index_types_take_their_kwargs(flat, passages, cache_dir):
     assert r.index.hnsw.efSearch >= 16
     r = DenseRetriever.build(passages, index_type="ivfpq", cache_dir=cache_dir, show_progress=False, nlist=2, m=16, nbits=6, nprobe=2)
     assert (r.index.nlist, r.index.pq.M, r.index.pq.nbits, r.index.nprobe) == (2, 16, 6, 2)
+    r = DenseRetriever.build(passages, index_type="ivfsq", cache_dir=cache_dir, show_progress=False, nlist=1, bits=6)
+    assert (r.index.nlist, r.index.code_size, r.index.nprobe) == (1, 384 * 6 // 8, 1)
+    with pytest.raises(ValueError, match="bits must be one of"):
+        DenseRetriever.build(passages, index_type="ivfsq", cache_dir=cache_dir, bits=5)
     with pytest.raises(TypeError, match="nprobe"):
         DenseRetriever.build(passages, index_type="hnsw", cache_dir=cache_dir, nprobe=4)
     with pytest.raises(ValueError, match="flat"):
         DenseRetriever.build(passages, index_type="annoy", cache_dir=cache_dir)
+
+
+def test_ivfsq_keeps_flat_recall_and_survives_save_load(tmp_path):
+    """IVF + 8-bit scalar quantisation (the at-scale pick of benchmarks/bench_dense_scale.py) on 5,000
+    clustered vectors: its top 5 agree with exact search, and nprobe survives a save and load."""
+    import faiss
+
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((50, 384)).astype(np.float32)
+    vectors = centres[rng.integers(0, 50, 5000)] + 0.5 * rng.standard_normal((5000, 384)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    queries = vectors[:200] + 0.1 * rng.standard_normal((200, 384)).astype(np.float32)
+    index = make_index(vectors, "ivfsq")
+    assert index.code_size == 384 and index.nprobe == min(64, index.nlist) and index.nlist == 5000 // 39
+    exact = make_index(vectors, "flat").search(queries, 5)[1]
+    approx = index.search(queries, 5)[1]
+    recall = np.mean([len(set(a) & set(e)) / 5 for a, e in zip(approx, exact)])
+    assert recall >= 0.95
+    faiss.write_index(index, str(tmp_path / "i.faiss"))
+    assert faiss.read_index(str(tmp_path / "i.faiss")).nprobe == index.nprobe
 
 
 def test_ivfpq_too_small_corpus_fails_clearly():
