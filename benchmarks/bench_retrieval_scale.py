@@ -322,7 +322,9 @@ def _build(kind: str, passages, threads: int):
 
     if kind == "bm25s-lucene":
         return BM25Retriever.build(passages, engine="bm25s", kernel="scipy", threads=threads, analyzer="lucene")
-    return BM25Retriever.build(passages, engine=kind, kernel="scipy", threads=threads)
+    # bm25s-numba/-scipy measure the snowball analysis (the default until 2026-12); bm25s-lucene the default now
+    return BM25Retriever.build(passages, engine=kind, kernel="scipy", threads=threads,
+                               analyzer="snowball" if kind == "bm25s" else None)
 
 
 class _Bm25sLibrary:

@@ -68,8 +68,9 @@ def test_the_switch_sits_where_the_estimate_meets_the_memory_share():
     just_enough = int(np.ceil(bm25.build_memory_bytes("bm25s", n) / bm25.BUILD_MEMORY_SHARE))
     assert bm25.choose_engine(n, memory_bytes=just_enough, lucene=True) == "bm25s"
     assert bm25.choose_engine(n, memory_bytes=just_enough - 10**6, lucene=True) == "lucene"
-    # 24 GB: bm25s up to a few million passages, not 5M (the estimate is ~23 GB there)
-    assert bm25.choose_engine(4_000_000, memory_bytes=MACHINE, lucene=True) == "bm25s"
+    # 24 GB: bm25s (Lucene's analysis, the default) up to ~3M passages, not 5M (the estimate is ~26 GB there)
+    assert bm25.choose_engine(3_500_000, memory_bytes=MACHINE, lucene=True) == "bm25s"
+    assert bm25.choose_engine(4_000_000, memory_bytes=MACHINE, analyzer="snowball", lucene=True) == "bm25s"
     assert bm25.choose_engine(5_000_000, memory_bytes=MACHINE, lucene=True) == "lucene"
 
 
@@ -77,7 +78,7 @@ def test_the_switch_sits_where_the_estimate_meets_the_memory_share():
 def test_too_big_for_bm25s_goes_to_lucene_else_tantivy():
     choice = bm25.engine_choice(5_000_000, memory_bytes=MACHINE, lucene=True)
     assert choice.engine == "lucene"
-    assert "bm25s's build needs ~23.3 GB" in choice.reason and "19.2 GB usable" in choice.reason
+    assert "bm25s's build needs ~25.7 GB" in choice.reason and "19.2 GB usable" in choice.reason
     choice = bm25.engine_choice(5_000_000, memory_bytes=MACHINE, lucene=False)
     assert choice.engine == "tantivy"
     assert "tantivy's needs ~6.0 GB" in choice.reason
@@ -97,7 +98,7 @@ def test_nothing_fits_raises_an_error_that_names_estimate_memory_and_options():
 
 @needs_numba
 def test_error_with_numba_names_both_java_free_estimates():
-    with pytest.raises(MemoryError, match=r"bm25s's build needs ~92\.7 GB .*\(tantivy's ~23\.8 GB\)"):
+    with pytest.raises(MemoryError, match=r"bm25s's build needs ~102\.2 GB .*\(tantivy's ~23\.8 GB\)"):
         bm25.choose_engine(20_000_000, memory_bytes=MACHINE, lucene=False)
 
 

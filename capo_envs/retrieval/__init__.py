@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .base import CachedRetriever, Hit, Passage, Retriever, read_corpus, write_corpus
-from .bm25 import DEFAULT_ANALYZER, BM25Retriever, auto_engine
+from .bm25 import BM25Retriever, auto_engine
 
 __all__ = [
     "Passage", "Hit", "Retriever", "CachedRetriever", "read_corpus", "write_corpus",
@@ -50,7 +50,7 @@ def _build_bm25(passages: Sequence[Passage], kwargs: dict[str, Any]) -> Retrieve
     memory_bytes = kwargs.pop("memory_bytes", None)
     if kwargs.get("engine", "auto") == "auto":  # only "auto" may hand over; engine="lucene" is no engine of kind bm25
         kwargs["engine"] = auto_engine(
-            len(passages), kwargs.get("kernel", "auto"), memory_bytes, analyzer=kwargs.get("analyzer", DEFAULT_ANALYZER)
+            len(passages), kwargs.get("kernel", "auto"), memory_bytes, analyzer=kwargs.get("analyzer")
         )
         if kwargs["engine"] == "lucene":
             from .lucene import LuceneRetriever
@@ -95,13 +95,14 @@ def open_retriever(
     10k/100k/1M run of ``benchmarks/bench_retrieval_scale.py``) picks for speed first: bm25s at
     every size when numba is installed (faster than Lucene at every size measured; scored by numba
     from 20k passages on, by scipy below, bit-identically); without numba, bm25s up to 50k passages
-    and tantivy above. Then for memory: when that build's estimated peak (~4.6 KB per passage for
+    and tantivy above. Then for memory: when that build's estimated peak (~5.1 KB per passage for
     bm25s, ~1.2 KB for tantivy, on top of the loaded passages) exceeds 80% of the memory available
     (``memory_bytes=`` overrides what the machine reports), it builds the ``lucene`` kind instead
     when pyserini and Java are installed (saved in ``index_dir`` and loaded back as such), else
     tantivy if that fits, else raises ``MemoryError`` naming the options. A switch is logged in one
     line; an explicit ``engine="bm25s"``/``"tantivy"`` is always built as asked.
-    ``analyzer="lucene"`` ranks as the ``lucene`` kind (pyserini) does, without Java.
+    bm25s ranks as the ``lucene`` kind (pyserini) does, without Java (``analyzer="lucene"``, the
+    default; ``analyzer="snowball"`` was the default before 2026-12).
     With ``cache_size > 0`` the result sits behind an LRU query cache.
     """
     if kind.startswith(("http://", "https://")):

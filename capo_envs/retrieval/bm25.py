@@ -9,9 +9,11 @@
   and assembled as term queries, never parsed, so query syntax (``AND``, quotes, ``:``, ``*``...)
   cannot raise.
 
-Analysis (bm25s only; ``analysis``): ``snowball`` (the default: bm25s's stopwords, Snowball stems,
-k1 1.2, b 0.75) or ``lucene`` (pyserini's: Lucene's stopwords, Porter stems, k1 0.9, b 0.4, Lucene's
-rounded length norms), whose top 10 agrees with the ``lucene`` retriever's 0.99 of the time.
+Analysis (bm25s only; ``analysis``): ``lucene`` (the default since 2026-12: pyserini's Lucene stopwords,
+Porter stems, k1 0.9, b 0.4, Lucene's rounded length norms), whose top 10 agrees with the ``lucene``
+retriever's 0.99 of the time and whose recall@5 is within 0.001 of it at every size measured, or
+``snowball`` (the default before: bm25s's stopwords, Snowball stems, k1 1.2, b 0.75; top-10 overlap
+0.85-0.88, recall@5 up to 0.026 lower). Indexes saved without an analyzer in their meta are snowball's.
 
 Measured quietly (``benchmarks/bench_retrieval_scale.py --sizes 10000,100000,1000000``, 2 cores,
 nothing else running; generated Wikipedia-like passages, 1000 NQ-like queries, k=10, one thread;
@@ -38,15 +40,15 @@ How ``engine="auto"`` picks (``engine_choice``; ``choose_engine`` gives just the
    and batches faster from between 10k and 100k on; the 50k cut is from an earlier run under load,
    which put the crossing between 30k and 100k).
 2. Memory. The build's peak on top of the passages already in memory is estimated from the quiet
-   cells (``BUILD_MEMORY``: a least-squares line over 10k/100k/1M, 4.6 KB per passage for bm25s,
-   5.1 KB with ``analyzer="lucene"``, 1.2 KB for tantivy) and must fit in ``BUILD_MEMORY_SHARE`` (80%)
+   cells (``BUILD_MEMORY``: a least-squares line over 10k/100k/1M, 5.1 KB per passage for bm25s
+   with Lucene's analysis (the default), 4.6 KB with snowball's, 1.2 KB for tantivy) and must fit in ``BUILD_MEMORY_SHARE`` (80%)
    of the memory available now (``available_memory_bytes``: MemAvailable, capped by the cgroup
    limit). When the pick of step 1 does not fit: Lucene (``open_retriever`` builds the ``lucene``
-   kind) when pyserini, pyjnius and Java are installed, else tantivy if it fits (not for
+   kind) when pyserini, pyjnius and Java are installed, else tantivy if it fits (not for an explicit
    ``analyzer="lucene"``, which tantivy cannot do), else a ``MemoryError`` that names the options.
    On the 24 GB machine of the benchmark (~22.6 GB available before the corpus is read, ~1 KB per
-   loaded passage) bm25s fits up to ~3.3M passages (~3.0M with ``analyzer="lucene"``), tantivy up
-   to ~9M; wiki-18's 21M go to Lucene.
+   loaded passage) bm25s fits up to ~3.0M passages (~3.3M with ``analyzer="snowball"``), tantivy up
+   to ~9M (measured at 5M: it ties Lucene's speed there); wiki-18's 21M go to Lucene.
 
 An explicit ``engine="bm25s"`` or ``"tantivy"`` is always built as asked. A choice other than bm25s
 is logged in one line with its reason (logger ``capo_envs.retrieval.bm25``).
@@ -98,7 +100,7 @@ _FORMAT = "capo-bm25/1"
 _K1, _B = 1.2, 0.75
 _WORD = re.compile(r"\w+")
 ANALYZERS = ("snowball", "lucene")
-DEFAULT_ANALYZER = "snowball"
+DEFAULT_ANALYZER = "lucene"  # bm25s's default: Lucene's ranking (top-10 overlap 0.99 with pyserini)
 # Lucene's EnglishAnalyzer.ENGLISH_STOP_WORDS_SET, which Anserini's default analyzer uses.
 LUCENE_STOPWORDS = frozenset(
     "a an and are as at be but by for if in into is it no not of on or such that the their then there these "
@@ -125,8 +127,9 @@ class Analysis:
 
 
 def analysis(name: str) -> Analysis:
-    """``snowball`` (the default): bm25s's English stopwords, Snowball English stems, k1 1.2, b 0.75.
-    ``lucene``: what pyserini's default ``SimpleSearcher`` (this package's ``lucene`` retriever)
+    """``snowball``: bm25s's English stopwords, Snowball English stems, k1 1.2, b 0.75 (the default
+    before 2026-12; tantivy's own analysis is close to it). ``lucene`` (the default): what pyserini's
+    default ``SimpleSearcher`` (this package's ``lucene`` retriever)
     does: Lucene's 33 English stopwords, Porter stems, Anserini's k1 0.9 and b 0.4, and document
     lengths rounded as Lucene's one-byte norms store them. On the generated 10k corpus of
     ``benchmarks/bench_retrieval_scale.py`` its top 10 agrees with Lucene's 0.99 (0.88 for snowball)."""
@@ -522,7 +525,7 @@ def engine_choice(
     kernel: str = "auto",
     memory_bytes: int | None = None,
     *,
-    analyzer: str = DEFAULT_ANALYZER,
+    analyzer: str | None = None,
     lucene: bool | None = None,
 ) -> EngineChoice:
     """The engine ``engine="auto"`` builds for ``n_passages`` (rule and figures: module docstring).
@@ -531,11 +534,13 @@ def engine_choice(
     ``available_memory_bytes`` reads now; no memory check if it cannot be read). ``lucene``: whether
     Lucene may be chosen (None: if ``lucene_unavailable`` finds it installed, asked only when the
     first pick does not fit; ``BM25Retriever.build`` passes False, as it builds only the Java-free
-    engines). Raises ``MemoryError`` when nothing fits.
+    engines). ``analyzer`` None: each engine's own default (bm25s: ``DEFAULT_ANALYZER``); an explicit
+    one other than ``snowball`` rules tantivy out. Raises ``MemoryError`` when nothing fits.
     """
-    spec = analysis(analyzer)
-    if spec.name != DEFAULT_ANALYZER:
-        fast = "bm25s"  # tantivy's BM25 constants are fixed: only bm25s analyses as Lucene does
+    spec = analysis(analyzer or DEFAULT_ANALYZER)  # what bm25s would build
+    tantivy_can = analyzer is None or spec.name == "snowball"  # tantivy's analysis is fixed, snowball-like
+    if not tantivy_can:
+        fast = "bm25s"
     elif resolve_kernel(kernel, n_passages) == "numba" or n_passages <= SCIPY_MAX_PASSAGES:
         fast = "bm25s"
     else:
@@ -558,7 +563,7 @@ def engine_choice(
         why_not_lucene = None if lucene else lucene_unavailable()
     if why_not_lucene is None:
         return EngineChoice("lucene", f"{need}, {have}: Lucene (pyserini) builds with ~1 GB and serves from disk")
-    tantivy_can = fast != "tantivy" and spec.name == DEFAULT_ANALYZER  # tantivy cannot analyse as Lucene does
+    tantivy_can = tantivy_can and fast != "tantivy"
     if tantivy_can and estimate["tantivy"] <= budget:
         return EngineChoice("tantivy", f"{need}, {have}: tantivy's needs ~{_gb(estimate['tantivy'])}")
     also = f" (tantivy's ~{_gb(estimate['tantivy'])})" if tantivy_can else ""
@@ -575,7 +580,7 @@ def choose_engine(
     kernel: str = "auto",
     memory_bytes: int | None = None,
     *,
-    analyzer: str = DEFAULT_ANALYZER,
+    analyzer: str | None = None,
     lucene: bool | None = None,
 ) -> str:
     """The name of the engine ``engine="auto"`` builds: ``engine_choice(...).engine``."""
@@ -583,7 +588,7 @@ def choose_engine(
 
 
 def auto_engine(n_passages: int, kernel: str = "auto", memory_bytes: int | None = None, *,
-                analyzer: str = DEFAULT_ANALYZER, lucene: bool | None = None) -> str:
+                analyzer: str | None = None, lucene: bool | None = None) -> str:
     """``choose_engine``, logging one line with the reason when the pick is not bm25s."""
     choice = engine_choice(n_passages, kernel, memory_bytes, analyzer=analyzer, lucene=lucene)
     if choice.engine != DEFAULT_ENGINE:
@@ -636,27 +641,28 @@ class BM25Retriever(Retriever):
         show_progress: bool = False,
         kernel: str = "auto",
         threads: int | None = None,
-        analyzer: str = DEFAULT_ANALYZER,
+        analyzer: str | None = None,
         memory_bytes: int | None = None,
     ) -> "BM25Retriever":
         """``engine="auto"`` picks by corpus size and the memory free now, or ``memory_bytes``
         (``choose_engine``; never Lucene here: ``open_retriever("bm25")`` hands over to it, this
         raises ``MemoryError`` instead when neither Java-free engine fits); ``kernel`` and
-        ``analyzer`` (``analysis``: ``"lucene"`` ranks as pyserini does) are bm25s's; ``threads`` is
+        ``analyzer`` (``analysis``; None: ``DEFAULT_ANALYZER``, ``"lucene"``, which ranks as pyserini
+        does) are bm25s's (tantivy has its own, snowball-like analysis); ``threads`` is
         used for indexing (tantivy; None: its own default, one per core) and for searching batches
         (None: 1)."""
         passages = list(passages)
-        spec = analysis(analyzer)
+        spec = analysis(analyzer or DEFAULT_ANALYZER)
         if engine != "auto":
             _engine_class(engine)  # an unknown name fails before anything else
         if not passages:
             raise ValueError("cannot build a BM25 index over zero passages")
         if engine == "auto":
-            engine = auto_engine(len(passages), kernel, memory_bytes, analyzer=spec.name, lucene=False)
+            engine = auto_engine(len(passages), kernel, memory_bytes, analyzer=analyzer, lucene=False)
         engine_cls = _engine_class(engine)
         texts = [_passage_text(p) for p in passages]
         if engine_cls is _TantivyEngine:
-            if spec.name != "snowball":
+            if analyzer is not None and spec.name != "snowball":
                 raise ValueError(f'analyzer {spec.name!r} needs engine="bm25s": tantivy\'s BM25 constants are fixed')
             return cls(passages, engine_cls.build(texts, show_progress, kernel=kernel, threads=threads))
         return cls(passages, engine_cls.build(texts, show_progress, kernel=kernel, threads=threads, analyzer=spec.name))
@@ -673,7 +679,8 @@ class BM25Retriever(Retriever):
         """A saved bm25s index is the same whichever kernel built it: ``kernel`` picks the scorer now."""
         index_dir = Path(index_dir)
         meta = read_index_meta(index_dir, _FORMAT, "BM25")
-        options = {"analyzer": meta["analyzer"]} if meta["engine"] == "bm25s" and "analyzer" in meta else {}
+        # bm25s indexes saved before the analyzer was recorded were all built with snowball
+        options = {"analyzer": meta.get("analyzer", "snowball")} if meta["engine"] == "bm25s" else {}
         engine = _engine_class(meta["engine"]).load(index_dir / meta["engine"], kernel=kernel, threads=threads, **options)
         return cls(list(read_corpus(index_dir / "passages.jsonl")), engine)
 
