@@ -38,7 +38,9 @@ def passages() -> list[Passage]:
 )
 def test_build_memory_is_the_fit_of_the_quiet_cells(cell_engine, key):
     cells = [json.loads(line) for line in CELLS.read_text().splitlines() if line.strip()]
-    cells = [c for c in cells if c["engine"] == cell_engine]
+    # the 10k/100k/1M cells: the 5M tantivy cell came later (4.9 GB over the passages, under the line's
+    # 6.0 GB), and the line through the smaller sizes keeps the estimate on the safe side there
+    cells = [c for c in cells if c["engine"] == cell_engine and c["passages"] <= 1_000_000]
     assert {c["passages"] for c in cells} >= {10_000, 100_000, 1_000_000}
     n = np.array([c["passages"] for c in cells], dtype=float)
     extra = np.array([c["build_peak_rss_mb"] - c["build_rss_passages_mb"] for c in cells]) * 2**20
