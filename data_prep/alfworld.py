@@ -176,6 +176,15 @@ def prepare_alfworld(
     return target
 
 
+def data_info(data_dir: str | Path | None = None) -> list[dict]:
+    """What ``capo data list|verify`` need: the folder :func:`prepare_alfworld` writes, with playable games per
+    split. Its manifest hashes the release archives in ``raw/``, not the tree unpacked from them."""
+    target = (Path(data_dir).expanduser() if data_dir else default_data_dir()) / NAME
+    manifest = read_manifest(target)
+    return [{"name": NAME, "path": target, "prepared": manifest is not None, "prepare": "capo data prepare alfworld",
+             "counts": {f"{split} games": c["games"] for split, c in (manifest or {}).get("splits", {}).items()}}]
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="capo data prepare alfworld", description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", help="where datasets live (default $CAPO_DATA_DIR or ~/.cache/capo)")
@@ -200,4 +209,4 @@ def prepare_main(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["prepare_main", "prepare_alfworld", "archive_urls", "game_counts"]
+__all__ = ["prepare_main", "prepare_alfworld", "archive_urls", "game_counts", "data_info"]

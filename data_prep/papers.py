@@ -49,7 +49,7 @@ from capo_train.progress import progress_bar  # tqdm and the standard library on
 
 from .datasets import building
 from .download import USER_AGENT, DownloadError, download, sha256_file
-from .manifest import write_manifest
+from .manifest import read_manifest, write_manifest
 from .sources import Remote, mirrored
 
 log = logging.getLogger(__name__)
@@ -465,6 +465,15 @@ def prepare(args: argparse.Namespace) -> Path:
         write_manifest(build, manifest)
     log.info("papers: prepared in %s (%d papers, %d edges)", final, report.papers, report.edges)
     return final
+
+
+def data_info(data_dir: str | Path | None = None) -> list[dict]:
+    """What ``capo data list|verify`` need: the folder :func:`prepare` writes, with its paper and edge counts."""
+    path = (Path(data_dir).expanduser() if data_dir else default_data_dir()) / DATASET
+    manifest = read_manifest(path)
+    counts = (manifest or {}).get("counts", {})
+    return [{"name": DATASET, "path": path, "prepared": manifest is not None, "prepare": "capo data prepare papers",
+             "counts": {k: counts[k] for k in ("papers", "edges") if k in counts}}]
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -35,7 +35,7 @@ from capo_train.progress import progress_bar
 from capo_envs.core.paths import data_dir as default_data_dir
 from capo_envs.core.paths import is_prepared
 from capo_envs.retrieval import open_retriever
-from capo_envs.webshop.make import SIZES
+from capo_envs.webshop.make import SIZES, prepared_dir
 from capo_envs.webshop.products import (
     PRICE_SEED, human_goals, load_products, product_prices, shuffle_goals, synthetic_goals,
 )  # fmt: skip
@@ -43,7 +43,7 @@ from capo_envs.webshop.shop import SqliteStore, product_passages
 
 from .datasets import _versions, building
 from .download import DownloadError, download, gdrive_url, sha256_file
-from .manifest import FORMAT, file_records, write_manifest
+from .manifest import FORMAT, file_records, read_manifest, write_manifest
 from .sources import Remote, mirrored
 
 log = logging.getLogger(__name__)
@@ -247,6 +247,20 @@ def prepare_webshop(
     return final
 
 
+def data_info(data_dir: str | Path | None = None) -> list[dict]:
+    """What ``capo data list|verify`` need: one folder per size (``webshop-small``, ``webshop``), where
+    :func:`prepare_webshop` writes it and the env reads it."""
+    out = []
+    for size, name in SIZES.items():
+        path = prepared_dir(size, data_dir)
+        manifest = read_manifest(path)
+        counts = (manifest or {}).get("counts", {})
+        out.append({"name": name, "size": size, "path": path, "prepared": manifest is not None,
+                    "prepare": f"capo data prepare webshop --size {size}",
+                    "counts": {k: counts[k] for k in ("products", "goals_human", "goals_synthetic") if k in counts}})
+    return out
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="capo data prepare webshop", description=__doc__.split("\n\n")[0])
     p.add_argument("--size", choices=sorted(WEBSHOP_SOURCES), default="small",
@@ -274,4 +288,4 @@ def prepare_main(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["prepare_main", "prepare_webshop", "iter_json_array", "check_human_goal_order"]
+__all__ = ["prepare_main", "prepare_webshop", "iter_json_array", "check_human_goal_order", "data_info"]
