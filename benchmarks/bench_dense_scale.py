@@ -231,7 +231,13 @@ def hybrid(n: int, args, gen: VectorGenerator, vectors: np.ndarray, query_vector
     from capo_envs.retrieval.hybrid import HybridRetriever
 
     rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
-    pick = choose([r for r in rows if r["passages"] == n and "config" in r])
+    measured = [r for r in rows if r["passages"] == n and "config" in r]
+    if args.hybrid_config:  # e.g. the fast configuration rather than the least memory (flat SQ8 scans everything)
+        pick = next((r for r in reversed(measured) if r["config"] == args.hybrid_config), None)
+        if pick is None:
+            raise SystemExit(f"--hybrid-config {args.hybrid_config}: not measured at {n:,} passages; measure it first")
+    else:
+        pick = choose(measured)
     if pick is None:
         print("  hybrid: no configuration reached the recall floor; skipped")
         return
@@ -310,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", default="/tmp/capo-dense-scale")
     parser.add_argument("--hybrid", action="store_true", help="also time BM25 + dense fusion (needs the BM25 corpus)")
+    parser.add_argument("--hybrid-config", default=None,
+                        help="the dense configuration (a measured label) for --hybrid; default: the least memory "
+                             "with recall@5 >= 0.95 of flat")
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--only", default=None, help="regex on config labels, e.g. '^(flat|hnsw|ivf)'")
     parser.add_argument("--report-only", action="store_true")
