@@ -142,9 +142,9 @@ def test_the_machines_memory_is_read_when_not_given():
 
 def test_a_switch_is_logged_in_one_line_the_default_is_not(caplog):
     with caplog.at_level(logging.INFO, logger="capo_envs.retrieval.bm25"):
-        assert bm25.auto_engine(1000, memory_bytes=MACHINE) == "bm25s"
+        assert bm25.choose_engine(1000, memory_bytes=MACHINE) == "bm25s"
         assert caplog.records == []
-        assert bm25.auto_engine(10**6, "scipy", MACHINE, lucene=False) == "tantivy"
+        assert bm25.choose_engine(10**6, "scipy", MACHINE, lucene=False) == "tantivy"
     (record,) = caplog.records
     assert record.levelno == logging.WARNING and "\n" not in record.getMessage()
     assert record.getMessage().startswith("BM25 engine tantivy for 1000000 passages: no numba kernel")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .base import CachedRetriever, Hit, Passage, Retriever, read_corpus, write_corpus
-from .bm25 import BM25Retriever, auto_engine
+from .bm25 import BM25Retriever, choose_engine
 
 __all__ = [
     "Passage", "Hit", "Retriever", "CachedRetriever", "read_corpus", "write_corpus",
@@ -49,7 +49,7 @@ def _build_bm25(passages: Sequence[Passage], kwargs: dict[str, Any]) -> Retrieve
     kwargs = dict(kwargs)
     memory_bytes = kwargs.pop("memory_bytes", None)
     if kwargs.get("engine", "auto") == "auto":  # only "auto" may hand over; engine="lucene" is no engine of kind bm25
-        kwargs["engine"] = auto_engine(
+        kwargs["engine"] = choose_engine(
             len(passages), kwargs.get("kernel", "auto"), memory_bytes, analyzer=kwargs.get("analyzer")
         )
         if kwargs["engine"] == "lucene":

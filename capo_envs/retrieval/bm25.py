@@ -32,7 +32,7 @@ clock at 10k / 100k / 1M passages:
 * ranking at 1M: recall@5 Lucene 0.554, bm25s 0.528 (0.555 with ``analyzer="lucene"``, whose top 10
   agrees with Lucene's 0.994), tantivy 0.530.
 
-How ``engine="auto"`` picks (``engine_choice``; ``choose_engine`` gives just the name):
+How ``engine="auto"`` picks (``engine_choice``; ``choose_engine`` gives the name and logs a switch):
 
 1. Speed. With numba: bm25s at every size, scored by numba from ``NUMBA_MIN_PASSAGES`` (20k) on and
    by scipy below (bit-identical; small corpora skip numba's load time). Without numba: bm25s up to
@@ -583,13 +583,8 @@ def choose_engine(
     analyzer: str | None = None,
     lucene: bool | None = None,
 ) -> str:
-    """The name of the engine ``engine="auto"`` builds: ``engine_choice(...).engine``."""
-    return engine_choice(n_passages, kernel, memory_bytes, analyzer=analyzer, lucene=lucene).engine
-
-
-def auto_engine(n_passages: int, kernel: str = "auto", memory_bytes: int | None = None, *,
-                analyzer: str | None = None, lucene: bool | None = None) -> str:
-    """``choose_engine``, logging one line with the reason when the pick is not bm25s."""
+    """The name of the engine ``engine="auto"`` builds (``engine_choice(...).engine``), logging one line
+    with the reason when it is not bm25s."""
     choice = engine_choice(n_passages, kernel, memory_bytes, analyzer=analyzer, lucene=lucene)
     if choice.engine != DEFAULT_ENGINE:
         logger.warning("BM25 engine %s for %d passages: %s", choice.engine, n_passages, choice.reason)
@@ -658,7 +653,7 @@ class BM25Retriever(Retriever):
         if not passages:
             raise ValueError("cannot build a BM25 index over zero passages")
         if engine == "auto":
-            engine = auto_engine(len(passages), kernel, memory_bytes, analyzer=analyzer, lucene=False)
+            engine = choose_engine(len(passages), kernel, memory_bytes, analyzer=analyzer, lucene=False)
         engine_cls = _engine_class(engine)
         texts = [_passage_text(p) for p in passages]
         if engine_cls is _TantivyEngine:
