@@ -12,7 +12,7 @@ from capo_envs.core.paths import MANIFEST, DataNotPreparedError
 
 from .datasets import DATASETS, dataset_info, prepare, verify
 from .download import DownloadError
-from .manifest import read_manifest, verify_files
+from .manifest import folder_bytes, read_manifest, verify_files
 
 # Domains whose data is not a QA corpus: each module has its own parser, ``prepare_main(argv) -> int``, and
 # ``data_info(data_dir) -> list[dict]`` (one entry per folder it prepares: name, path, prepared, prepare, counts).
@@ -21,10 +21,6 @@ DOMAIN_PREPARERS = {"alfworld": "data_prep.alfworld", "webshop": "data_prep.webs
 
 def _domain_info(name: str, data_dir: str | None) -> list[dict]:
     return importlib.import_module(DOMAIN_PREPARERS[name]).data_info(data_dir)
-
-
-def _tree_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
 
 
 def _size(n: int) -> str:
@@ -73,7 +69,7 @@ def data_main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "list":
         infos = [dataset_info(name, args.data_dir) for name in DATASETS]
-        infos += [{**info, "bytes": _tree_bytes(Path(info["path"]))}
+        infos += [{**info, "bytes": folder_bytes(Path(info["path"]))}
                   for domain in DOMAIN_PREPARERS for info in _domain_info(domain, args.data_dir)]
         width = max(len(info["name"]) for info in infos)
         for info in infos:

@@ -35,7 +35,7 @@ from capo_envs.retrieval.base import read_corpus, write_corpus
 
 from .archive import extract
 from .download import download, sha256_file
-from .manifest import FORMAT, MANIFEST, file_records, read_manifest, verify_files, write_manifest
+from .manifest import FORMAT, MANIFEST, file_records, folder_bytes, read_manifest, verify_files, write_manifest
 from .sources import MIRROR_ENV, SOURCES, Remote, mirrored
 
 log = logging.getLogger(__name__)
@@ -247,12 +247,11 @@ def dataset_info(name: str, data_dir: str | Path | None = None) -> dict:
     _check_name(name)
     path = _root(data_dir) / name
     manifest = read_manifest(path)
-    size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
     return {
         "name": name,
         "prepared": manifest is not None,
         "path": str(path),
-        "bytes": size,
+        "bytes": folder_bytes(path),
         "counts": (manifest or {}).get("counts", {}),
         "created": (manifest or {}).get("created"),
     }

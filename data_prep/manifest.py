@@ -21,6 +21,11 @@ def file_records(root: Path) -> dict[str, dict]:
     return records
 
 
+def folder_bytes(root: Path) -> int:
+    """Bytes of every file under ``root`` (0 when it does not exist): what ``capo data list`` shows."""
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.is_dir() else 0
+
+
 def write_manifest(root: Path, manifest: dict) -> Path:
     """Write atomically (temp file + rename), so a reader never sees half a manifest."""
     path = root / MANIFEST

@@ -165,7 +165,7 @@ class SynthLengthEnv(DiagnosticEnv):
 
     def _begin(self, rng: random.Random) -> None:
         self._labels = rng.sample(ANIMALS, self.records)
-        self._texts = [self._random_text(rng) for _ in range(self.records)]
+        self._texts = [self._random_text(rng) for _ in range(self.records)]  # drawn in both modes: same target
         if self.texts == "recall":
             self._texts = [self._recall_texts[label] for label in self._labels]
         self._target = rng.randrange(self.records)
