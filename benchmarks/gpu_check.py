@@ -252,10 +252,11 @@ def capo_update(model, reference, batch, minibatch_rows: int, seed: int):
     return update(model, optimizers, algo, batch, targets, config, generator)
 
 
-def vllm_generation(model, tokenizer, shape: Shape, vocab: int, seed: int, workdir: Path) -> dict:
+def vllm_generation(model, tokenizer, shape: Shape, vocab: int, seed: int, workdir: Path, dtype_name: str) -> dict:
     """Tokens/s of vLLM on the same random weights (saved to ``workdir``), token-id prompts, sampled-token
     log-probs after temperature (``logprobs_mode="processed_logprobs"``); also its trajectories, for the
     log-prob gap. Written without a GPU to run it on: a failure is reported, not raised."""
+    import torch
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -263,7 +264,9 @@ def vllm_generation(model, tokenizer, shape: Shape, vocab: int, seed: int, workd
 
     model.actor.save_pretrained(workdir)
     tokenizer.save_pretrained(workdir)
-    llm = LLM(model=str(workdir), dtype="bfloat16", seed=seed, gpu_memory_utilization=0.3, enforce_eager=False,
+    # the trainer's dtype, so that the log-prob gap measures the engines, not a dtype change
+    torch.cuda.empty_cache()  # vLLM checks at start-up that its share is free; torch's cache counts as taken
+    llm = LLM(model=str(workdir), dtype=dtype_name, seed=seed, gpu_memory_utilization=0.3, enforce_eager=False,
               logprobs_mode="processed_logprobs")
     rng = random.Random(seed)
     prompts = [TokensPrompt(prompt_token_ids=[rng.randrange(vocab - 2) for _ in range(shape.prompt_tokens)])
@@ -369,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.empty_cache()  # the update's activations and optimizer states are gone
                 with tempfile.TemporaryDirectory(prefix="gpu-check-") as workdir:
                     figures, vllm_trajectories = vllm_generation(model, tokenizer, shape, model_shape["vocab_size"],
-                                                                 args.seed, Path(workdir))
+                                                                 args.seed, Path(workdir), dtype_name)
                 summary |= figures
                 say(f"vLLM generation: {summary['vllm_tokens_per_s']:.1f} tokens/s")
                 vllm_batch = build_rows(vllm_trajectories, "packed", backend.pad_id)

@@ -11,7 +11,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from capo_train.backends.vllm import end_reason, sampled_logprobs, trainer_weights
+from capo_train.backends.vllm import (
+    VLLMBackend,
+    _engine_model,
+    cut_after_stop,
+    end_reason,
+    sampled_logprobs,
+    trainer_weights,
+)
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_gpu = pytest.mark.skipif(not (HAS_VLLM and torch.cuda.is_available()), reason="needs vllm and a GPU")
@@ -31,6 +38,46 @@ def test_sampled_logprobs_pick_the_sampled_tokens():
     assert sampled_logprobs([5, 7], steps) == [-0.5, -1.25]
     with pytest.raises(RuntimeError):
         sampled_logprobs([5, 7], None)
+
+
+def test_tokens_past_the_first_stop_string_are_cut():
+    from capo_train.models import make_tiny_tokenizer
+
+    tok = make_tiny_tokenizer()
+    ids = tok.encode("<search>cats</search> and more", add_special_tokens=False)
+    cut = cut_after_stop(ids, ["</search>"], tok)
+    assert tok.decode(cut) == "<search>cats</search>"  # ends with the token completing the stop string
+    done = tok.encode("<search>cats</search>", add_special_tokens=False)
+    assert cut_after_stop(done, ["</search>"], tok) == done  # the usual case: untouched
+    assert cut_after_stop(ids, [], tok) == ids and cut_after_stop(ids, ["</answer>"], tok) == ids
+    twice = tok.encode("<a>x</a><a>y</a>", add_special_tokens=False)
+    assert tok.decode(cut_after_stop(twice, ["</a>"], tok)) == "<a>x</a>"  # the first occurrence
+
+
+def engine_with(mode=None, executor=None):
+    """An object shaped like vLLM's ``LLM`` as far as the backend reads it."""
+    return SimpleNamespace(llm_engine=SimpleNamespace(model_config=SimpleNamespace(logprobs_mode=mode),
+                                                      **({"model_executor": executor} if executor else {})))
+
+
+def test_engines_returning_logits_are_refused():
+    from capo_train.models import make_tiny_tokenizer
+
+    tok = make_tiny_tokenizer()
+    assert VLLMBackend(engine_with("processed_logprobs"), tok).processed_logprobs
+    assert not VLLMBackend(engine_with("raw_logprobs"), tok).processed_logprobs
+    for mode in ("raw_logits", "processed_logits"):
+        with pytest.raises(ValueError, match="processed_logprobs"):
+            VLLMBackend(engine_with(mode), tok)
+
+
+def test_the_engine_model_is_reached_in_process_or_a_clear_error():
+    model = torch.nn.Linear(2, 2)
+    runner = SimpleNamespace(get_model=lambda: model, model="a CUDA-graph wrapper")
+    in_process = SimpleNamespace(driver_worker=SimpleNamespace(worker=SimpleNamespace(model_runner=runner)))
+    assert _engine_model(engine_with("processed_logprobs", in_process)) is model  # get_model() unwraps
+    with pytest.raises(RuntimeError, match="VLLM_ENABLE_V1_MULTIPROCESSING=0"):
+        _engine_model(engine_with("processed_logprobs"))  # V1 with its engine-core subprocess: no model_executor
 
 
 def test_weights_from_a_lora_actor_are_the_merged_model_under_hf_names():

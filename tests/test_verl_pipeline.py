@@ -82,7 +82,8 @@ def verl_config(workdir):
     tokenizer.save_pretrained(workdir / "model")
     for split in ("train", "dev"):
         # one task of SynthChain with k = 2, 3, 4 doors: episodes of 2-4 actions, so rows per prompt vary
-        rows = [task_rows(ENV_ID, split=split, env_kwargs={**ENV_KWARGS, "k": 2 + i}, count=1)[0] for i in range(PROMPTS)]
+        rows = [task_rows(ENV_ID, split=split, env_kwargs={**ENV_KWARGS, "k": 2 + i}, count=1)[0]
+                for i in range(PROMPTS)]
         for i, row in enumerate(rows):  # the reset seed capo_train's collect(seed=i) uses for its first episode
             row["extra_info"].update(index=i, seed=random.Random(i).randrange(2**31))
         write_parquet(rows, workdir / f"{split}.parquet")

@@ -71,10 +71,18 @@ def rollout_backend(config, model, tokenizer, *, batch_size: int, engine: Any = 
 
     from ..trainer import resolve_model_path
 
+    import torch
+
     base = model.meta.get("base") or resolve_model_path(config.model.path)  # its weights are replaced below
+    # vLLM checks at start-up that its share of the GPU is free; memory torch has cached but not in use counts
+    # as taken, so hand it back first.
+    torch.cuda.empty_cache()
     engine = VLLMBackend.from_pretrained(
         str(base), tokenizer, dtype=config.model.dtype,
         gpu_memory_utilization=config.rollout.vllm_gpu_memory_utilization, seed=config.seed,
+        # a state and one action: the longest sequence a rollout asks for (vLLM would otherwise reserve the
+        # model's whole context, which a small share of the GPU may not hold)
+        max_model_len=config.rollout.max_prompt_tokens + config.rollout.max_action_tokens,
     )
     engine.sync_weights(model.actor)  # the actor as it is now: warm-started, resumed, LoRA merged
     return engine

@@ -10,7 +10,9 @@ What it takes care of (../shared/docs/domain-scaleout.md, section 2):
   ``tokenizer.decode(token_ids, skip_special_tokens=True)``, as in ``HFBackend``, not vLLM's own text (which
   is cut at the stop string).
 - **Stop strings**: matched by vLLM on the detokenised text; generation ends with the token that completes
-  the first one, which is kept (``include_stop_str_in_output=True``), as the interface asks.
+  the first one, which is kept (``include_stop_str_in_output=True``), as the interface asks; tokens past it
+  (vLLM checks once per engine step, which may emit several with speculative decoding) are cut
+  (:func:`cut_after_stop`).
 - **Log-probs after temperature**: vLLM's default ``logprobs_mode`` is ``raw_logprobs``, taken *before*
   temperature; the rollout's old log-probs must be ``log_softmax(logits / T)`` of the sampled token, so the
   engine is built with ``logprobs_mode="processed_logprobs"`` (as TRL's colocate mode does) and
@@ -59,6 +61,27 @@ def sampled_logprobs(token_ids: Sequence[int], logprobs: Sequence[dict] | None) 
     return [float(step[token].logprob) for step, token in zip(logprobs, token_ids)]
 
 
+def cut_after_stop(token_ids: list[int], stop: Sequence[str], tokenizer) -> list[int]:
+    """``token_ids`` up to the token that completes the first stop string, as the interface asks. vLLM checks
+    stop strings once per engine step, so an engine that emits several tokens a step (speculative decoding)
+    can return tokens past it; without one this returns ``token_ids`` unchanged after one decode. A cut
+    point is found by bisection (the shortest prefix whose text holds a stop string), log2(n) decodes."""
+    if not stop:
+        return token_ids
+    holds_stop = lambda n: any(s in tokenizer.decode(token_ids[:n]) for s in stop)  # noqa: E731
+    text = tokenizer.decode(token_ids)
+    if not any(s in text for s in stop) or any(text.endswith(s) and text.count(s) == 1 for s in stop):
+        return token_ids
+    low, high = 1, len(token_ids)  # holds_stop(high) is True; find the least n with holds_stop(n)
+    while low < high:
+        mid = (low + high) // 2
+        if holds_stop(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return token_ids[:low]
+
+
 def request_seeds(seed: int | None, count: int) -> list[int | None]:
     """One seed per request, distinct, drawn from ``seed`` (all None without one: the engine's own RNG)."""
     if seed is None:
@@ -87,7 +110,10 @@ class VLLMBackend:
         self.tokenizer = tokenizer
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
-        self.processed_logprobs = _logprobs_mode(llm) in ("processed_logprobs", None)
+        mode = _logprobs_mode(llm)
+        if mode not in ("raw_logprobs", "processed_logprobs", None):  # *_logits modes return logits, not log-probs
+            raise ValueError(f"this vLLM engine returns {mode}; build it with logprobs_mode='processed_logprobs'")
+        self.processed_logprobs = mode in ("processed_logprobs", None)
 
     @classmethod
     def from_pretrained(cls, path: str, tokenizer, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.3,
@@ -137,10 +163,10 @@ class VLLMBackend:
         generations = []
         for output in outputs:
             sample = output.outputs[0]
-            ids = list(sample.token_ids)
+            ids = cut_after_stop(list(sample.token_ids), stop, self.tokenizer)
             generations.append(Generation(
                 token_ids=ids,
-                logprobs=sampled_logprobs(ids, sample.logprobs),
+                logprobs=sampled_logprobs(ids, sample.logprobs[: len(ids)] if sample.logprobs else None),
                 text=self.tokenizer.decode(ids, skip_special_tokens=True),
                 finish_reason=end_reason(sample.finish_reason, sample.stop_reason),
             ))
@@ -171,14 +197,18 @@ def _logprobs_mode(llm) -> str | None:
 
 
 def _engine_model(llm):
-    """The engine's ``nn.Module`` in this process: vLLM V1 without its engine-core subprocess, else V0."""
-    executor = llm.llm_engine.model_executor
-    worker = executor.driver_worker
-    for path in (("worker", "model_runner", "model"), ("model_runner", "model")):
-        node = worker
-        for part in path:
-            node = getattr(node, part, None)
-        if node is not None:
-            return node
+    """The engine's ``nn.Module`` in this process: vLLM V1 without its engine-core subprocess (V1's
+    ``LLMEngine`` has a ``model_executor`` only then), else V0. ``model_runner.get_model()`` unwraps a
+    CUDA-graph wrapper where the runner has it."""
+    executor = getattr(getattr(llm, "llm_engine", None), "model_executor", None)
+    worker = getattr(executor, "driver_worker", None)
+    v1_runner = getattr(getattr(worker, "worker", None), "model_runner", None)
+    for runner in (v1_runner, getattr(worker, "model_runner", None)):
+        if runner is None:
+            continue
+        model = runner.get_model() if callable(getattr(runner, "get_model", None)) else getattr(runner, "model", None)
+        if model is not None:
+            return model
     raise RuntimeError("cannot reach the vLLM engine's model in this process: build the engine with "
-                       "VLLM_ENABLE_V1_MULTIPROCESSING=0 (VLLMBackend.from_pretrained does)")
+                       "VLLM_ENABLE_V1_MULTIPROCESSING=0 (VLLMBackend.from_pretrained does; an environment "
+                       "that sets it to 1 runs the engine in a subprocess)")
