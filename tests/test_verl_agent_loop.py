@@ -60,9 +60,10 @@ class ScriptedBackend:
         return out
 
 
-def make_loop(tokenizer, prompt_length=4096):
+def make_loop(tokenizer, prompt_length=4096, critic=False):
     cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": prompt_length,
-                                                              "response_length": MAX_ACTION_TOKENS}}, "data": {}})
+                                                              "response_length": MAX_ACTION_TOKENS}}, "data": {},
+                            "critic": {"enable": critic}})
     return CapoEnvAgentLoop(trainer_config=DictConfigWrap(cfg), server_manager=ScriptedServer(tokenizer),
                             tokenizer=tokenizer, processor=None, dataset_cls=None, data_config=DictConfigWrap(cfg.data))
 
@@ -132,6 +133,27 @@ def test_truncated_actions_are_detected(tokenizer):
             if out.extra_fields["capo_finish_reason"] == "length":
                 assert len(out.response_ids) == MAX_ACTION_TOKENS and not out.extra_fields["capo_action_valid"]
     assert reasons.keys() == {"stop", "length"}
+
+
+@pytest.mark.parametrize("critic", [True, False])
+def test_an_env_truncated_episode_gets_a_bootstrap_row_when_a_critic_values_it(tokenizer, critic):
+    env = gym.make(ENV_ID, **ENV_KWARGS)
+    task_id = env.unwrapped.task_ids()[0]
+    env.close()
+    spec = {"env_id": ENV_ID, "env_kwargs": {**ENV_KWARGS, "max_episode_steps": 2}, "task_id": task_id, "seed": 0}
+    outputs = asyncio.run(make_loop(tokenizer, critic=critic).run({}, extra_info=spec))
+    assert all(o.extra_fields["capo_truncated"] for o in outputs)  # Gymnasium's TimeLimit cut it
+    actions = [o for o in outputs if not o.extra_fields.get("capo_bootstrap")]
+    assert len(actions) == 2
+    if not critic:
+        assert len(outputs) == 2
+        return
+    boot = outputs[-1]
+    assert len(outputs) == 3 and boot.extra_fields["capo_bootstrap"] and boot.extra_fields["capo_step"] == 2
+    assert boot.response_mask == [0] and len(boot.response_ids) == 1  # no loss token
+    last = actions[-1]
+    assert boot.prompt_ids[: len(last.prompt_ids) + len(last.response_ids)] == last.prompt_ids + last.response_ids
+    assert len(boot.prompt_ids) > len(last.prompt_ids) + len(last.response_ids)  # plus the final observation
 
 
 def test_end_reason():

@@ -125,6 +125,58 @@ def test_padding_rows_get_zero_and_change_nothing():
     assert padded.advantages[len(keys):].abs().sum() == 0 and padded.returns[len(keys):].abs().sum() == 0
 
 
+@pytest.mark.parametrize("estimator", ["capo_action_gae", "capo_token_gae"])
+def test_truncated_episodes_bootstrap_from_the_bootstrap_row_as_capo_train_does(estimator):
+    """An env-truncated episode's extra row (its final state, response mask 0) carries V(s_{T+1}) as
+    values[:, 0]; the advantages equal capo_train's with ``final_value`` = that value (capo train's
+    ``final_values``), and differ from the authors' no-bootstrap ones."""
+    trajs = make_trajectories(2)
+    g = torch.Generator().manual_seed(5)
+    final_v = {}
+    for traj in trajs:
+        if traj.truncated:
+            traj.final_prompt_ids = [7, 8, 9]
+            final_v[traj.traj_id] = float(torch.randn(1, generator=g)) + 2.0
+    assert final_v
+    batch = build_rows(trajs, "per_action", pad_id=0)
+    critic_out = torch.randn(batch.input_ids.shape, generator=g)
+    keys, prompts, masks, extras = [], [], [], []
+    for traj in trajs:
+        for t, out in enumerate(CapoEnvAgentLoop.outputs(traj, ["stop"] * len(traj.actions), [], bootstrap_row=True)):
+            d = out.as_dict()
+            keys.append(f"task{traj.group_id}_{traj.traj_id}_{t}")
+            prompts.append(d["prompts"])
+            masks.append(d["response_mask"])
+            extras.append(d["extra_fields"])
+    assert sum(bool(e.get("capo_bootstrap")) for e in extras) == len(final_v)  # one per truncated episode
+    L = max(len(m) for m in masks)
+    response_mask = torch.zeros(len(masks), L, dtype=torch.long)
+    values = torch.zeros(len(masks), L)
+    a = 0
+    for r, (traj_key, m, e) in enumerate(zip(keys, masks, extras)):
+        response_mask[r, : len(m)] = m
+        if e.get("capo_bootstrap"):
+            values[r, 0] = final_v[int(traj_key.split("_")[1])]  # the critic at the final state's last token
+        else:
+            n = len(m)
+            values[r, :n] = critic_out[a, len(prompts[r]) - 1 : len(prompts[r]) - 1 + n]
+            a += 1
+    ours = action_targets(keys, response_mask, extras, estimator=estimator, values=values)
+
+    step = native_step_batch(batch, critic_out)
+    step.final_value = torch.tensor([final_v.get(int(t), 0.0) for t in batch.traj_index.tolist()])
+    native = get(ESTIMATORS[estimator]).bind({}).estimate(step)  # capo_train's default: bootstrap_truncated=True
+    authors = get(ESTIMATORS[estimator]).bind({"bootstrap_truncated": False}).estimate(step)
+    action_rows = [r for r, e in enumerate(extras) if not e.get("capo_bootstrap")]
+    m = batch.action_mask.bool()
+    expect = native.advantages if native.advantages.dim() == 2 else native.advantages[:, None].expand_as(m)
+    got = ours.advantages[action_rows][:, : m.shape[1]]
+    torch.testing.assert_close(got, torch.where(m, expect, 0), **TOL)
+    assert not torch.allclose(native.advantages, authors.advantages)  # bootstrapping changed something
+    boot_rows = [r for r, e in enumerate(extras) if e.get("capo_bootstrap")]
+    assert ours.advantages[boot_rows].abs().sum() == 0 and ours.returns[boot_rows].abs().sum() == 0
+
+
 def actor_config(loss_mode: str, clip: float):
     from verl.workers.config import ActorConfig, PolicyLossConfig
 

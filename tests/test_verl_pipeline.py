@@ -81,9 +81,10 @@ def verl_config(workdir):
     model.save_pretrained(workdir / "model")
     tokenizer.save_pretrained(workdir / "model")
     for split in ("train", "dev"):
-        # one task of SynthChain with k = 2, 3, 4 doors: episodes of 2-4 actions, so rows per prompt vary
-        rows = [task_rows(ENV_ID, split=split, env_kwargs={**ENV_KWARGS, "k": 2 + i}, count=1)[0]
-                for i in range(PROMPTS)]
+        # one task of SynthChain with k = 2, 3, 4 doors, the last cut by Gymnasium's TimeLimit after 3 steps
+        # (truncated: a bootstrap row follows): episodes of 2, 3, 3 actions, so rows per prompt vary
+        kwargs = [{**ENV_KWARGS, "k": 2}, {**ENV_KWARGS, "k": 3}, {**ENV_KWARGS, "k": 4, "max_episode_steps": 3}]
+        rows = [task_rows(ENV_ID, split=split, env_kwargs=kw, count=1)[0] for kw in kwargs]
         for i, row in enumerate(rows):  # the reset seed capo_train's collect(seed=i) uses for its first episode
             row["extra_info"].update(index=i, seed=random.Random(i).randrange(2**31))
         write_parquet(rows, workdir / f"{split}.parquet")
@@ -190,9 +191,27 @@ def replay(batch, tokenizer):
     return trajs
 
 
+def row_kinds(batch) -> tuple[list[int], dict[str, int]]:
+    """Indices of the batch's action rows, and ``{trajectory key: index}`` of its bootstrap rows."""
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+    actions, boots = [], {}
+    for i, (key, tag) in enumerate(zip(batch.keys, batch.tags)):
+        if tag.get("is_padding"):
+            continue
+        if data["extra_fields"][i].get("capo_bootstrap"):
+            boots[key.rsplit("_", 1)[0]] = i
+        else:
+            actions.append(i)
+    return actions, boots
+
+
 def test_v1_rows_are_one_per_action_of_every_sampled_episode(v1_step):
     trainer, batch, real_rows, trajs = v1_step
-    assert real_rows == sum(len(t.actions) for t in trajs.values())
+    actions, boots = row_kinds(batch)
+    assert len(actions) == sum(len(t.actions) for t in trajs.values())
+    truncated = {k for k, t in trajs.items() if t.truncated}
+    assert len(truncated) == SESSIONS and set(boots) == truncated  # one bootstrap row per truncated episode
+    assert real_rows == len(actions) + len(boots)
     assert len(trajs) == PROMPTS * SESSIONS and len({t.group_id for t in trajs.values()}) == PROMPTS
     assert len(batch) % trainer._get_required_batch_multiple(DP_RANKS) == 0
     assert sum(bool(tag.get("is_padding")) for tag in batch.tags) == len(batch) - real_rows
@@ -200,14 +219,15 @@ def test_v1_rows_are_one_per_action_of_every_sampled_episode(v1_step):
     assert min(lengths) >= 1 and len(set(lengths)) > 1  # rows per prompt vary: verl's mini-batches count rows
     # the rows hold exactly what capo_train's rollout recorded for the same tokens
     data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                           select_fields=["prompts", "responses", "extra_fields"])
-    for i, key in enumerate(batch.keys):
-        if batch.tags[i].get("is_padding"):
-            continue
-        traj_key, step = key.rsplit("_", 1)
+                           select_fields=["prompts", "responses", "response_mask", "extra_fields"])
+    for i in actions:
+        traj_key, step = batch.keys[i].rsplit("_", 1)
         action = trajs[traj_key].actions[int(step)]
         assert data["prompts"][i].tolist() == action.prompt_ids and data["responses"][i].tolist() == action.action_ids
         assert data["extra_fields"][i]["capo_reward"] == action.reward
+    for traj_key, i in boots.items():  # the state the env stopped in, as capo_train records it, no loss tokens
+        assert data["prompts"][i].tolist() == trajs[traj_key].final_prompt_ids != []
+        assert data["response_mask"][i].sum() == 0
 
 
 @pytest.mark.parametrize("estimator", ["capo_action_gae", "capo_grpo"])
@@ -220,7 +240,7 @@ def test_advantages_through_transfer_queue_match_capo_train(v1_step, estimator):
 
     data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                            select_fields=["advantages", "returns", "values"])
-    real = [i for i, tag in enumerate(batch.tags) if not tag.get("is_padding")]
+    real, boots = row_kinds(batch)
     ordered = list(trajs.values())
     native_rows = build_rows(ordered, "per_action", pad_id=0)  # actions in trajectory order
     position = {}
@@ -235,14 +255,17 @@ def test_advantages_through_transfer_queue_match_capo_train(v1_step, estimator):
         start = int(native_rows.boundary_pos[r])
         v = data["values"][i]
         critic[r, start : start + len(v)] = v
-    algo = get(ESTIMATORS[estimator]).bind({"gamma": 0.9, "lam": 0.95, "bootstrap_truncated": False})
-    expected = algo.estimate(native_step_batch(native_rows, critic))
+    step = native_step_batch(native_rows, critic)
+    # capo train's final_values: V of the state a truncated episode stopped in, here the critic's value there
+    final = {k: float(data["values"][i][0]) for k, i in boots.items()}
+    step.final_value = torch.tensor([final.get(k, 0.0) for k, t in trajs.items() for _ in t.actions])
+    expected = get(ESTIMATORS[estimator]).bind({"gamma": 0.9, "lam": 0.95}).estimate(step)
     for i in real:
         r = position[batch.keys[i]]
         adv, ret = data["advantages"][i], data["returns"][i]
         torch.testing.assert_close(adv, expected.advantages[r].expand_as(adv), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(ret, expected.returns[r].expand_as(ret), rtol=1e-5, atol=1e-6)
-    for i in set(range(len(batch))) - set(real):
+    for i in set(range(len(batch))) - set(real):  # padding and bootstrap rows
         assert data["advantages"][i].abs().sum() == 0
     assert metrics["capo/actions"] == len(real) and metrics["capo/trajectories"] == len(trajs)
     assert expected.advantages.abs().sum() > 0  # a batch where every advantage is 0 would prove nothing

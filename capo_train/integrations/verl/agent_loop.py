@@ -18,7 +18,9 @@ the episode ended (``capo_terminated`` / ``capo_truncated``, the same on every a
 env's ``action_valid``, how the action ended (``capo_finish_reason``: stop / eos / length, since verl
 reports both vLLM's stop and length as "completed") and the observation it answered (``capo_anchor``,
 GiGPO). ``reward_score`` is the episode's return on every row, so verl's own group estimators (GRPO on
-the final row) and metrics see the episode outcome.
+the final row) and metrics see the episode outcome. With a critic (``critic.enable``), an episode the env
+truncated gets one more row holding only the state it stopped in, for the critic to value: see
+:meth:`CapoEnvAgentLoop.outputs`.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from .core import (
     ACTION_VALID,
     AGENT_LOOP,
     ANCHOR,
+    BOOTSTRAP,
     FINISH_REASON,
     REWARD,
     STEP,
@@ -75,6 +78,8 @@ class CapoEnvAgentLoop(AgentLoopBase):
         super().__init__(*args, **kwargs)
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
+        critic = self.config.get("critic", None) or {}
+        self.bootstrap_rows = bool(critic.get("enable", False))  # only a critic reads them
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> list[AgentLoopOutput]:
         spec = dict(kwargs.get("extra_info") or {})
@@ -117,12 +122,17 @@ class CapoEnvAgentLoop(AgentLoopBase):
         else:
             if going:  # MAX_ACTIONS reached with the episode still running
                 episode.traj.truncated = True
-        return self.outputs(episode.traj, finish, timings, has_logprobs=has_logprobs)
+        return self.outputs(episode.traj, finish, timings, has_logprobs=has_logprobs,
+                            bootstrap_row=self.bootstrap_rows, eos_id=(eos or [self.tokenizer.pad_token_id or 0])[0])
 
     @staticmethod
-    def outputs(traj, finish: list[str], timings: list[tuple[float, float]], has_logprobs: bool = True
-                ) -> list[AgentLoopOutput]:
-        """One ``AgentLoopOutput`` per recorded action of ``traj`` (a ``capo_train.rows.Trajectory``)."""
+    def outputs(traj, finish: list[str], timings: list[tuple[float, float]], has_logprobs: bool = True,
+                bootstrap_row: bool = False, eos_id: int = 0) -> list[AgentLoopOutput]:
+        """One ``AgentLoopOutput`` per recorded action of ``traj`` (a ``capo_train.rows.Trajectory``), and with
+        ``bootstrap_row`` one more after an episode the env truncated: the state it stopped in as the prompt, a
+        one-token response (``eos_id``) with response mask 0, ``extra_fields[BOOTSTRAP]`` set. verl's critic
+        values it like any row, which gives V(s_{T+1}) for bootstrapping (capo_train's ``final_values``);
+        the mask keeps it out of the policy, KL and critic losses, as verl's own padding rows are kept out."""
         episode_return = sum(a.reward for a in traj.actions)
         outs = []
         for t, action in enumerate(traj.actions):
@@ -145,6 +155,15 @@ class CapoEnvAgentLoop(AgentLoopBase):
                     ANCHOR: traj.anchors[t],
                     "reward_extra_info": {},  # verl copies the final row's onto the others: it must exist
                 },
+            ))
+        if bootstrap_row and traj.truncated and traj.final_prompt_ids:  # env-truncated, final state in budget
+            outs.append(AgentLoopOutput(
+                prompt_ids=list(traj.final_prompt_ids), response_ids=[eos_id], response_mask=[0],
+                response_logprobs=[0.0] if has_logprobs else None, reward_score=float(episode_return), num_turns=2,
+                metrics=AgentLoopMetrics(generate_sequences=0.0, tool_calls=0.0),
+                extra_fields={REWARD: 0.0, STEP: len(traj.actions), TERMINATED: False, TRUNCATED: True,
+                              ACTION_VALID: True, FINISH_REASON: "bootstrap", ANCHOR: "", BOOTSTRAP: True,
+                              "reward_extra_info": {}},
             ))
         return outs
 

@@ -43,6 +43,8 @@ TRAINER = "capo_sync"
 # while it overwrites every earlier row's reward_score with the final row's: agent_loop_tq.py).
 REWARD, STEP, TERMINATED, TRUNCATED = "capo_reward", "capo_step", "capo_terminated", "capo_truncated"
 ACTION_VALID, FINISH_REASON, ANCHOR = "capo_action_valid", "capo_finish_reason", "capo_anchor"
+# set on the value-only row the agent loop adds after an env-truncated episode (its state for V(s_{T+1}))
+BOOTSTRAP = "capo_bootstrap"
 
 
 def parse_keys(keys: Sequence[str]) -> tuple[Tensor, Tensor, Tensor]:
@@ -95,15 +97,18 @@ def step_batch(
     *,
     values: Tensor | None = None,
     token_kl: Tensor | None = None,
+    final_value: Tensor | None = None,
 ) -> StepBatch:
-    """capo_train's estimator input from verl's rows (real rows only: drop padding rows first)."""
+    """capo_train's estimator input from verl's rows (action rows only: drop padding and bootstrap rows
+    first). ``final_value [R]``: V(s_{T+1}) of each row's trajectory where it was truncated and valued."""
     traj, step, group = parse_keys(keys)
     mask = response_mask.float()
     reward = torch.tensor([float(e[REWARD]) for e in extra_fields], dtype=torch.float32)
     truncated = torch.tensor([bool(e.get(TRUNCATED, False)) for e in extra_fields])
     anchors = [e.get(ANCHOR, "") for e in extra_fields]
     batch = StepBatch(reward=reward, traj_index=traj, step_index=step, group_index=group, truncated=truncated,
-                      response_mask=mask, anchor=anchors)
+                      response_mask=mask, anchor=anchors,
+                      final_value=final_value if final_value is not None else torch.zeros(len(keys)))
     if values is not None:
         v = torch.where(mask.bool(), values.float(), 0)
         batch.values = v[:, 0]  # V(s_t): verl's left shift puts the last prompt token's value at column 0
@@ -129,16 +134,21 @@ def action_targets(
     ``keys``, ``extra_fields`` and ``is_padding`` (verl's padding rows, tag ``is_padding``: copies of a real
     row's fields with an all-zero mask, verl/trainer/ppo/padding_utils.py) are per row; ``values`` is the
     critic's ``[R, L]`` (critic algorithms), ``token_kl`` k1 = old - ref log-probs (KL in the reward).
-    ``overrides`` go to ``capo_train.algorithms.get(name).bind``; the default ``bootstrap_truncated=False``
-    is the authors' behaviour, because verl has no row for the state after a truncated episode's last
-    action, hence no V(s_{T+1}) (docs/scaleout.md). Per-action advantages are broadcast over the action's
-    tokens; returns likewise (the boundary critic reads column 0).
+    ``overrides`` go to ``capo_train.algorithms.get(name).bind``. Truncated episodes are bootstrapped as
+    ``capo train`` does (``bootstrap_truncated=True``, capo_train's default): a bootstrap row
+    (``extra_fields[BOOTSTRAP]``, written by the agent loop when the critic is on) gives V(s_{T+1}) of its
+    trajectory as ``values[:, 0]``; a truncated trajectory without one (cut by the prompt budget, so no state
+    to value) bootstraps from 0, as in ``capo train``. ``+capo.estimator.bootstrap_truncated=false`` gives
+    the CAPO authors' behaviour (0 always). Bootstrap rows, like padding rows, get no advantage. Per-action
+    advantages are broadcast over the action's tokens; returns likewise (the boundary critic reads column 0).
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown capo estimator {estimator!r}; one of {sorted(ESTIMATORS)}")
-    algo = get(ESTIMATORS[estimator]).bind({"bootstrap_truncated": False, **(overrides or {})})
+    algo = get(ESTIMATORS[estimator]).bind(dict(overrides or {}))
     R, L = response_mask.shape
-    real = torch.ones(R, dtype=torch.bool) if is_padding is None else ~torch.tensor(list(is_padding), dtype=torch.bool)
+    padding = torch.tensor(list(is_padding) if is_padding is not None else [False] * R, dtype=torch.bool)
+    bootstrap = torch.tensor([bool(e.get(BOOTSTRAP, False)) for e in extra_fields], dtype=torch.bool) & ~padding
+    real = ~padding & ~bootstrap
     idx = real.nonzero().squeeze(1)
     mask = response_mask.bool()
     advantages = torch.zeros(R, L, dtype=torch.float32)
@@ -147,12 +157,17 @@ def action_targets(
         return ActionTargets(advantages, returns, {})
     if algo.needs_critic and values is None:
         raise ValueError(f"{estimator} needs the critic's values (critic.enable=true)")
+    final_value = None
+    if values is not None and bootstrap.any():  # V(s_{T+1}) by trajectory key, onto that trajectory's rows
+        by_traj = {keys[i].rsplit("_", 1)[0]: float(values[i, 0]) for i in bootstrap.nonzero().squeeze(1).tolist()}
+        final_value = torch.tensor([by_traj.get(keys[i].rsplit("_", 1)[0], 0.0) for i in idx.tolist()])
     batch = step_batch(
         [keys[i] for i in idx.tolist()],
         response_mask[idx],
         [extra_fields[i] for i in idx.tolist()],
         values=None if values is None else values[idx],
         token_kl=None if token_kl is None or not algo.kl_in_reward else token_kl[idx],
+        final_value=final_value,
     )
     estimate = algo.estimate(batch)
     m = mask[idx]
@@ -219,6 +234,7 @@ def end_reason(token_ids: Sequence[int], text: str, stop: Sequence[str], eos_ids
 
 __all__ = [
     "AGENT_LOOP",
+    "BOOTSTRAP",
     "ESTIMATORS",
     "LOSSES",
     "TRAINER",
