@@ -84,6 +84,11 @@ class RolloutConfig:
     # Held-out evaluation and the warm start always use hf.
     backend: str = "hf"
     vllm_gpu_memory_utilization: float = 0.3  # vllm only: the engine's share of the GPU's memory
+    # The update's old log-probs: the backend's as sampled (false), or the actor's own, recomputed by one
+    # forward pass over the batch before the update (true), as verl does. null: recompute when the backend
+    # generates from its own copy of the weights (vllm), whose kernels and dtype differ from the training
+    # pass: CAPO's ratio clip (3e-4) is far below that gap. The engine's stay in rollout/logprob_gap_*.
+    recompute_logprobs: bool | None = None
 
 
 @dataclass
@@ -348,6 +353,7 @@ CONFIG_RULES: dict[str, Rule] = {
     "rollout.env_workers": _or_null(_int_at_least(1)),
     "rollout.backend": _one_of("hf", "vllm"),
     "rollout.vllm_gpu_memory_utilization": ((lambda v: _is_number(v) and 0 < v <= 1), "a number in (0, 1]"),
+    "rollout.recompute_logprobs": _or_null(BOOL),
     "optim.actor_lr": _or_null(POSITIVE),
     "optim.critic_lr": POSITIVE,
     "optim.weight_decay": NON_NEGATIVE,

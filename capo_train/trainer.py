@@ -46,7 +46,7 @@ from .envpool import EnvPool, pool_from_config
 from .episodes import held_out_recorder, recorder_for
 from .models.actor_critic import ActorCritic, LoraSettings, build_actor_critic, load_reference
 from .models.checkpoints import CHECKPOINT, RunState, load_run, save_run
-from .models.logprobs import evaluating, reference_logp
+from .models.logprobs import evaluating, reference_logp, scored_logp
 from .progress import SILENT, Progress, duration
 from .rollout import RolloutSettings, collect, env_tasks, has_task_ids, rollout_stats
 from .rows import RowBatch, Trajectory, build_rows, gather_actions, minibatches
@@ -188,6 +188,29 @@ def final_values(model: ActorCritic, trajectories: list[Trajectory], batch: RowB
     for a, traj in enumerate(batch.traj_index.tolist()):
         out[a] = by_traj.get(traj, 0.0)
     return out.to(batch.reward.device)
+
+
+def recomputes_logprobs(config: TrainConfig, backend: Any) -> bool:
+    """``rollout.recompute_logprobs``, null meaning: when the backend samples from its own copy of the
+    weights (vLLM), not from the actor module itself (HF)."""
+    setting = config.rollout.recompute_logprobs
+    return holds_weights(backend) if setting is None else bool(setting)
+
+
+@torch.no_grad()
+def recompute_old_logp(model: ActorCritic, batch: RowBatch, temperature: float) -> dict[str, float]:
+    """Replace ``batch.old_logp [A, L]`` (the backend's, as sampled) by the actor's own at the rollout's
+    ``temperature``, one forward pass without gradient, so that the first update's ratio starts at exactly 1
+    (verl recomputes them the same way). Returns how far the backend's were, over the action tokens: vLLM's
+    kernels and dtype differ from the training pass, and CAPO's ratio clip (3e-4) is smaller than that gap."""
+    rollout_logp = batch.old_logp
+    logp = scored_logp(model.actor, batch.input_ids, batch.attention_mask, logp_mask=batch.action_index >= 0,
+                       temperature=temperature)  # [R, S]
+    mask = batch.action_mask.bool()
+    batch.old_logp = torch.where(mask, gather_actions(logp, batch), 0)  # [A, L]
+    gap = (batch.old_logp - rollout_logp)[mask].abs()
+    return {"rollout/logprob_gap_mean": float(gap.mean()) if gap.numel() else 0.0,
+            "rollout/logprob_gap_max": float(gap.max()) if gap.numel() else 0.0}
 
 
 @torch.no_grad()
@@ -512,6 +535,8 @@ def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, flo
         return {**record, "time/rollout_s": rollout_s}
     batch.action_id = torch.arange(batch.num_actions)
     batch = batch.to(backend.device)
+    if recomputes_logprobs(config, backend):  # before the targets: RLOO/REINFORCE++ put old - ref in the reward
+        record |= recompute_old_logp(model, batch, config.rollout.temperature)
     final_value = final_values(model, trajectories, batch, backend.pad_id) if algo.needs_critic else None
     targets = compute_targets(model, algo, batch, final_value, run.reference, config.rollout.temperature)
     if targets.old_values is not None and targets.returns is not None:

@@ -10,6 +10,7 @@ update. The GPU tests (skipped without vllm and a GPU; never run yet) do the sam
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 
 import pytest
 import torch
@@ -151,6 +152,54 @@ def test_an_engine_with_its_own_weights_samples_and_gets_the_update(lora_run):
     for name, tensor in after.items():
         torch.testing.assert_close(synced[name], tensor, rtol=0, atol=0, msg=name)
     assert rollout_backend(run.config, run.model, run.tokenizer, batch_size=4, engine=engine) is engine
+
+
+class NoisyEngine(CopyEngine):
+    """A weight-holding engine whose log-probs are off by +0.1 a token, as another engine's kernels and dtype
+    make them (vLLM in bf16 against the training pass)."""
+
+    def generate(self, prompts, **kwargs):
+        return [replace(g, logprobs=[lp + 0.1 for lp in g.logprobs]) for g in self.hf.generate(prompts, **kwargs)]
+
+
+@pytest.mark.parametrize("setting", [None, False, True])
+def test_old_logprobs_are_the_actors_own_when_an_engine_samples(lora_run, monkeypatch, setting):
+    """rollout.recompute_logprobs: null recomputes them for a weight-holding engine (as verl does), so the
+    update starts from the actor's own log-probs, not the engine's; the gap is logged."""
+    from capo_train import trainer
+    from capo_train.models.logprobs import scored_logp
+    from capo_train.rows import gather_actions
+
+    run, envs = lora_run
+    run.config.rollout.backend, run.config.rollout.recompute_logprobs = "vllm", setting
+    run.engine = NoisyEngine(run.model.meta["base"], run.tokenizer)
+    seen = {}
+    real_update = trainer.update
+
+    def spying_update(model, optimizers, algo, batch, *args, **kwargs):
+        own = scored_logp(run.model.actor, batch.input_ids, batch.attention_mask, logp_mask=batch.action_index >= 0)
+        mask = batch.action_mask.bool()
+        seen["gap"] = float((batch.old_logp - gather_actions(own, batch))[mask].abs().max())
+        return real_update(model, optimizers, algo, batch, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "update", spying_update)
+    record = trainer.rl_iteration(run, 0, envs)
+    if setting is False:
+        assert seen["gap"] == pytest.approx(0.1, abs=1e-3) and "rollout/logprob_gap_mean" not in record
+    else:
+        assert seen["gap"] < 1e-4  # the update's old log-probs are the actor's own
+        assert record["rollout/logprob_gap_mean"] == pytest.approx(0.1, abs=1e-3)
+
+
+def test_hf_rollout_logprobs_match_the_training_pass(lora_run):
+    """With the default HF backend nothing is recomputed; asked to, the gap shows how close they already are."""
+    from capo_train.trainer import rl_iteration
+
+    run, envs = lora_run
+    assert "rollout/logprob_gap_mean" not in rl_iteration(run, 0, envs)
+    run.config.rollout.recompute_logprobs = True
+    record = rl_iteration(run, 1, envs)
+    assert record["rollout/logprob_gap_max"] < 1e-4
 
 
 def test_vllm_without_an_engine_is_refused_when_built_in_code(lora_run):

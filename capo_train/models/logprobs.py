@@ -194,8 +194,26 @@ def reference_logp(
     if reference is None and not model.uses_lora:
         raise ValueError("reference_logp needs a reference model (load_reference) when the actor has no LoRA")
     scorer = reference if reference is not None else model.actor
+    with model.actor.disable_adapter() if reference is None else nullcontext():
+        return scored_logp(scorer, input_ids, attention_mask, logp_mask=logp_mask, micro_batch=micro_batch,
+                           temperature=temperature)
+
+
+@torch.no_grad()
+def scored_logp(
+    scorer: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    *,
+    logp_mask: Tensor | None = None,
+    micro_batch: int = 8,
+    temperature: float = 1.0,
+) -> Tensor:
+    """``[R, S]`` log-probs of ``scorer`` (a causal LM) in eval mode, without gradient, ``micro_batch`` rows
+    at a time: the reference policy's (:func:`reference_logp`), or the actor's own when the trainer
+    recomputes the rollout's old log-probs (``rollout.recompute_logprobs``)."""
     parts = []
-    with evaluating(scorer), model.actor.disable_adapter() if reference is None else nullcontext():
+    with evaluating(scorer):
         for i in range(0, input_ids.shape[0], micro_batch):
             rows = slice(i, i + micro_batch)
             mask = logp_mask[rows] if logp_mask is not None else None
@@ -204,4 +222,4 @@ def reference_logp(
 
 
 __all__ = ["LOGP_CHUNK", "ModelOutput", "evaluating", "final_hidden", "lm_logp", "position_ids", "reference_logp",
-           "score"]
+           "score", "scored_logp"]
