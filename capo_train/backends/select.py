@@ -67,11 +67,10 @@ def rollout_backend(config, model, tokenizer, *, batch_size: int, engine: Any = 
         from ..config import ConfigError
 
         raise ConfigError(problem)
-    from .vllm import VLLMBackend
+    import torch
 
     from ..trainer import resolve_model_path
-
-    import torch
+    from .vllm import VLLMBackend
 
     base = model.meta.get("base") or resolve_model_path(config.model.path)  # its weights are replaced below
     # vLLM checks at start-up that its share of the GPU is free; memory torch has cached but not in use counts
