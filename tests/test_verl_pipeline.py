@@ -151,13 +151,17 @@ def v1_step(tmp_path_factory):
         real_rows = len(batch)
         batch = upsample_batch_to_divisible_size(batch, trainer._get_required_batch_multiple(DP_RANKS),
                                                  tokenizer.eos_token_id)
-        # the critic's values as verl's _compute_values leaves them: jagged, one per response token
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["response_mask"])
-        mask = data.to_padded_tensor()["response_mask"]
+        # what verl's _compute_old_log_prob and _compute_values leave, jagged, one per response token: the
+        # actor's log-probs of the sampled tokens (the engine's, a little off) and the critic's values
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=["response_mask", "rollout_log_probs"])
+        padded = data.to_padded_tensor()
         torch.manual_seed(0)
-        values = response_to_nested(torch.randn(mask.shape), data["response_mask"])
-        tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
-                        fields=TensorDict({"values": values}, batch_size=len(batch)))
+        values = torch.randn(padded["response_mask"].shape)
+        old_log_probs = padded["rollout_log_probs"] + 0.3 * torch.randn(values.shape)
+        tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(
+            {"values": response_to_nested(values, data["response_mask"]),
+             "old_log_probs": response_to_nested(old_log_probs, data["response_mask"])}, batch_size=len(batch)))
         yield trainer, batch, real_rows, replay(batch, tokenizer)
     finally:
         tq.close()
@@ -269,3 +273,45 @@ def test_advantages_through_transfer_queue_match_capo_train(v1_step, estimator):
         assert data["advantages"][i].abs().sum() == 0
     assert metrics["capo/actions"] == len(real) and metrics["capo/trajectories"] == len(trajs)
     assert expected.advantages.abs().sum() > 0  # a batch where every advantage is 0 would prove nothing
+
+
+def test_verls_rollout_correction_weights_capo_rows(v1_step):
+    """``algorithm.rollout_correction`` (truncated IS between the engine's and the actor's log-probs) runs
+    through verl's own function in capo_sync, as in verl's trainer, and leaves its weights for the loss."""
+    from omegaconf import open_dict
+
+    trainer, batch, _, _ = v1_step
+    trainer.capo_estimator, trainer.capo_overrides = "capo_action_gae", {"gamma": 0.9, "lam": 0.95}
+    trainer.use_critic, trainer.capo_kl_in_reward = True, False
+    with open_dict(trainer.config):
+        trainer.config.algorithm.rollout_correction.rollout_is = "token"
+        trainer.config.algorithm.rollout_correction.rollout_is_threshold = 2.0
+    try:
+        metrics = {}
+        trainer._compute_advantage(batch, metrics)
+    finally:
+        with open_dict(trainer.config):
+            trainer.config.algorithm.rollout_correction.rollout_is = None
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                           select_fields=["rollout_is_weights", "old_log_probs", "rollout_log_probs", "response_mask"])
+    padded = data.to_padded_tensor()
+    mask = padded["response_mask"].bool()
+    expected = torch.exp(padded["old_log_probs"] - padded["rollout_log_probs"]).clamp(max=2.0)  # TIS, per token
+    torch.testing.assert_close(padded["rollout_is_weights"][mask], expected[mask], rtol=1e-5, atol=1e-6)
+    assert (padded["rollout_is_weights"][mask] < 2.0).any() and (padded["rollout_is_weights"][mask] == 2.0).any()
+    assert any(name.startswith("rollout_corr/") for name in metrics)
+
+
+def test_kl_in_reward_is_refused(v1_step):
+    """verl's KL-in-reward step is not run by capo_sync: asking for it stops the trainer at start."""
+    from omegaconf import open_dict
+
+    from capo_train.integrations.verl.trainer import CapoSyncTrainer
+
+    trainer, *_ = v1_step
+    config = trainer.config.copy()
+    with open_dict(config):
+        config.algorithm.use_kl_in_reward = True
+        config.trainer.v1.trainer_mode = "capo_sync"
+    with pytest.raises(ValueError, match="use_kl_in_reward"):
+        CapoSyncTrainer(config)

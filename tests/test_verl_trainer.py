@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("verl")
 
 import torch  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
 from transfer_queue import KVBatchMeta  # noqa: E402
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict  # noqa: E402
 
@@ -64,6 +65,7 @@ def test_compute_advantage_reads_and_writes_verl_rows(monkeypatch):
     trainer = capo_trainer.CapoSyncTrainer.__new__(capo_trainer.CapoSyncTrainer)
     trainer.capo_estimator, trainer.capo_overrides = "capo_action_gae", {"gamma": 0.9, "lam": 0.95}
     trainer.use_critic, trainer.capo_kl_in_reward = True, False
+    trainer.config = OmegaConf.create({"algorithm": {"rollout_correction": None}})  # no rollout correction
     metrics = {}
     trainer._compute_advantage(batch, metrics)
 

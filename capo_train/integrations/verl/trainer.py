@@ -11,9 +11,12 @@ and the prompt uid only, never with the critic's values or the trajectory and st
 - ``_compute_advantage``: reads each row's values, response mask and ``extra_fields`` (the per-action
   reward written by the ``capo_env`` agent loop) from TransferQueue, parses trajectory and step from the
   row keys, runs capo_train's estimator (:func:`.core.action_targets`) and writes ``advantages`` and
-  ``returns`` back. verl's KL-in-reward and rollout-correction steps are not applied here: capo_train's
+  ``returns`` back. verl's rollout correction (``algorithm.rollout_correction``: the off-policy metrics
+  between the rollout engine's log-probs and the actor's, and truncated IS weights / rejection when
+  configured) runs first, by verl's own function, as in verl's trainer; the actor's loss reads the weights
+  and the mask. verl's KL-in-reward is refused (``algorithm.use_kl_in_reward``): capo_train's
   RLOO/REINFORCE++ put the KL in the reward themselves (``kl_in_reward``), from ``old_log_probs`` and
-  ``ref_log_prob``.
+  ``ref_log_prob``, and the others use the actor's KL loss.
 - the critic loss, for boundary critics (CAPO): verl's clipped value loss on each action's first response
   token only (:func:`.losses.capo_value_loss`).
 
@@ -29,6 +32,8 @@ from functools import partial
 import transfer_queue as tq
 from omegaconf import open_dict
 from tensordict import TensorDict
+from verl import DataProto
+from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
@@ -63,6 +68,10 @@ class CapoSyncTrainer(PPOTrainerSync):
         from .plugin import assert_registered
 
         assert_registered()  # a plugin that failed to import in a worker is skipped silently by verl
+        if config.algorithm.get("use_kl_in_reward", False):
+            raise ValueError(f"trainer.v1.trainer_mode={TRAINER} does not apply algorithm.use_kl_in_reward: use "
+                             "actor_rollout_ref.actor.use_kl_loss=true (CAPO, PPO, GRPO, GiGPO), or capo_rloo / "
+                             "capo_reinforce_pp, which put the KL in the reward themselves (+capo.estimator.kl_coef)")
         self.capo_estimator, self.capo_overrides = estimator_settings(config)
         algo = get(ESTIMATORS[self.capo_estimator]).bind(self.capo_overrides)
         self.capo_boundary_critic = algo.critic_at == "boundary"
@@ -82,16 +91,36 @@ class CapoSyncTrainer(PPOTrainerSync):
         if self.use_critic and self.capo_boundary_critic:
             self.critic_wg.set_loss_fn(partial(capo_value_loss, config=omega_conf_to_dataclass(self.config.critic)))
 
+    def rollout_correction(self):
+        """verl's ``algorithm.rollout_correction`` when it applies here (decoupled mode: three policies,
+        the rollout engine's, the actor's before the update and the actor's), else None."""
+        config = self.config.algorithm.get("rollout_correction", None)
+        return None if config is None or config.get("bypass_mode", False) else config
+
     def _compute_advantage(self, batch, metrics: dict):
         fields = ["response_mask", "extra_fields"]
         if self.use_critic:
             fields.append("values")
+        correction = self.rollout_correction()
+        if self.capo_kl_in_reward or correction is not None:
+            fields += ["old_log_probs"]
         if self.capo_kl_in_reward:
-            fields += ["old_log_probs", "ref_log_prob"]
+            fields += ["ref_log_prob"]
+        if correction is not None:
+            fields += ["rollout_log_probs"]  # absent with rollout.calculate_log_probs=false: then no correction
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         response_mask = data["response_mask"]  # nested [R, j]
         extra_fields = data.pop("extra_fields").tolist()
         padded = data.to_padded_tensor()
+        corrected = {}
+        if correction is not None and "rollout_log_probs" in padded.keys():
+            rows = DataProto.from_dict(tensors={k: padded[k] for k in ("old_log_probs", "rollout_log_probs",
+                                                                        "response_mask")})
+            rows, corr_metrics = compute_rollout_correction_and_add_to_batch(rows, correction)
+            metrics.update(corr_metrics)
+            corrected["response_mask"] = rows.batch["response_mask"]  # rejection sampling may drop tokens
+            if "rollout_is_weights" in rows.batch.keys():
+                corrected["rollout_is_weights"] = rows.batch["rollout_is_weights"]
         token_kl = padded["old_log_probs"] - padded["ref_log_prob"] if self.capo_kl_in_reward else None
         targets = action_targets(
             list(batch.keys), padded["response_mask"], extra_fields, estimator=self.capo_estimator,
@@ -101,7 +130,9 @@ class CapoSyncTrainer(PPOTrainerSync):
         metrics.update(targets.metrics)
         output = TensorDict(
             {"advantages": response_to_nested(targets.advantages, response_mask),
-             "returns": response_to_nested(targets.returns, response_mask)},
+             "returns": response_to_nested(targets.returns, response_mask),
+             **{name: response_to_nested(t.to(padded["response_mask"].dtype) if name == "response_mask" else t,
+                                         response_mask) for name, t in corrected.items()}},
             batch_size=len(batch),
         )
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
