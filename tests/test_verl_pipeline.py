@@ -302,16 +302,19 @@ def test_verls_rollout_correction_weights_capo_rows(v1_step):
     assert any(name.startswith("rollout_corr/") for name in metrics)
 
 
-def test_kl_in_reward_is_refused(v1_step):
-    """verl's KL-in-reward step is not run by capo_sync: asking for it stops the trainer at start."""
-    from omegaconf import open_dict
+@pytest.mark.parametrize("key, value, message", [
+    ("use_kl_in_reward", True, "use_kl_in_reward"),  # verl's KL-in-reward step is not run by capo_sync
+    ("rollout_correction.rollout_rs", "token_k1", "boundary critic"),  # would move V(s_t)'s position
+])
+def test_settings_capo_sync_cannot_honour_are_refused(v1_step, key, value, message):
+    from omegaconf import OmegaConf, open_dict
 
     from capo_train.integrations.verl.trainer import CapoSyncTrainer
 
     trainer, *_ = v1_step
     config = trainer.config.copy()
     with open_dict(config):
-        config.algorithm.use_kl_in_reward = True
+        OmegaConf.update(config, f"algorithm.{key}", value)
         config.trainer.v1.trainer_mode = "capo_sync"
-    with pytest.raises(ValueError, match="use_kl_in_reward"):
+    with pytest.raises(ValueError, match=message):
         CapoSyncTrainer(config)

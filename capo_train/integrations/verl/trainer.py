@@ -33,7 +33,10 @@ import transfer_queue as tq
 from omegaconf import open_dict
 from tensordict import TensorDict
 from verl import DataProto
-from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+from verl.trainer.ppo.rollout_corr_helper import (
+    TOKEN_LEVEL_ROLLOUT_RS_OPTIONS,
+    compute_rollout_correction_and_add_to_batch,
+)
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
@@ -81,6 +84,12 @@ class CapoSyncTrainer(PPOTrainerSync):
         super().__init__(config)
         if algo.needs_critic and not self.use_critic:
             raise ValueError(f"{self.capo_estimator} needs a critic: set critic.enable=true")
+        correction = self.rollout_correction()
+        token_rs = {o.strip() for o in str((correction or {}).get("rollout_rs", None) or "").split(",")}
+        if self.capo_boundary_critic and token_rs & TOKEN_LEVEL_ROLLOUT_RS_OPTIONS:
+            raise ValueError("token-level rejection (algorithm.rollout_correction.rollout_rs=token_k*) would move "
+                             "the boundary critic's position (each action's first response token); use a "
+                             "sequence-level option (seq_*: one action here)")
         if self.capo_kl_in_reward and not self.use_reference_policy:
             raise ValueError(f"{self.capo_estimator} puts the KL to the reference in the reward, which needs reference "
                              "log-probs: set actor_rollout_ref.actor.use_kl_loss=true with kl_loss_coef=0, or "
