@@ -131,7 +131,8 @@ class InProcessAgentLoops:
 
 @pytest.fixture(scope="module")
 def v1_step(tmp_path_factory):
-    """One V1 step up to the critic's values: (trainer, sampled batch with padding, replayed trajectories)."""
+    """One V1 step up to the critic's values: ``(trainer, sampled batch with padding, rows before padding,
+    replayed trajectories)``."""
     # TransferQueue's controller and storage units are Ray actors that each hold a CPU: with Ray's default
     # (the 2 cores of a CI machine) tq.init() waits for them forever, so declare more.
     started = not ray.is_initialized()
@@ -172,11 +173,10 @@ def v1_step(tmp_path_factory):
 def replay(batch, tokenizer):
     """Each trajectory in the batch played again by capo_train's rollout with the tokens verl recorded:
     ``{uid_session: Trajectory}``, in batch order, numbered as verl's keys group them."""
-    rows = tq.kv_batch_get(keys=[k for k, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding")],
-                           partition_id=batch.partition_id,
+    keys = [k for k, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding")]
+    rows = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id,
                            select_fields=["prompts", "responses", "rollout_log_probs", "extra_info"])
     by_traj: dict[str, list[int]] = {}
-    keys = [k for k, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding")]
     for i, key in enumerate(keys):
         by_traj.setdefault(key.rsplit("_", 1)[0], []).append(i)
     groups: dict[str, int] = {}
