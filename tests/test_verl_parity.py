@@ -49,12 +49,13 @@ def make_trajectories(seed: int = 0) -> list[Trajectory]:
     return trajs
 
 
-def verl_rows(trajs: list[Trajectory]):
-    """What verl's V1 trainer holds for these trajectories: one row per action, keyed
-    ``{uid}_{session}_{index}``, padded response tensors, extra_fields as the agent loop wrote them."""
+def verl_rows(trajs: list[Trajectory], bootstrap_row: bool = False):
+    """What verl's V1 trainer holds for these trajectories: one row per action (and with ``bootstrap_row``
+    one after each env-truncated episode), keyed ``{uid}_{session}_{index}``, padded response tensors,
+    extra_fields as the agent loop wrote them."""
     keys, prompts, masks, extras = [], [], [], []
     for traj in trajs:
-        outputs = CapoEnvAgentLoop.outputs(traj, ["stop"] * len(traj.actions), [])
+        outputs = CapoEnvAgentLoop.outputs(traj, ["stop"] * len(traj.actions), [], bootstrap_row=bootstrap_row)
         for t, out in enumerate(outputs):
             d = out.as_dict()
             keys.append(f"task{traj.group_id}_{traj.traj_id}_{t}")
@@ -140,25 +141,15 @@ def test_truncated_episodes_bootstrap_from_the_bootstrap_row_as_capo_train_does(
     assert final_v
     batch = build_rows(trajs, "per_action", pad_id=0)
     critic_out = torch.randn(batch.input_ids.shape, generator=g)
-    keys, prompts, masks, extras = [], [], [], []
-    for traj in trajs:
-        for t, out in enumerate(CapoEnvAgentLoop.outputs(traj, ["stop"] * len(traj.actions), [], bootstrap_row=True)):
-            d = out.as_dict()
-            keys.append(f"task{traj.group_id}_{traj.traj_id}_{t}")
-            prompts.append(d["prompts"])
-            masks.append(d["response_mask"])
-            extras.append(d["extra_fields"])
+    keys, prompts, response_mask, extras = verl_rows(trajs, bootstrap_row=True)
     assert sum(bool(e.get("capo_bootstrap")) for e in extras) == len(final_v)  # one per truncated episode
-    L = max(len(m) for m in masks)
-    response_mask = torch.zeros(len(masks), L, dtype=torch.long)
-    values = torch.zeros(len(masks), L)
+    values = torch.zeros(response_mask.shape)
     a = 0
-    for r, (traj_key, m, e) in enumerate(zip(keys, masks, extras)):
-        response_mask[r, : len(m)] = m
+    for r, (traj_key, e) in enumerate(zip(keys, extras)):
         if e.get("capo_bootstrap"):
             values[r, 0] = final_v[int(traj_key.split("_")[1])]  # the critic at the final state's last token
         else:
-            n = len(m)
+            n = int(response_mask[r].sum())
             values[r, :n] = critic_out[a, len(prompts[r]) - 1 : len(prompts[r]) - 1 + n]
             a += 1
     ours = action_targets(keys, response_mask, extras, estimator=estimator, values=values)
