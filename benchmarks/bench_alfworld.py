@@ -2,7 +2,7 @@
 and the handcoded expert's success per task type on SynthHouse.
 
     .venv/bin/python benchmarks/bench_alfworld.py                      # SynthHouse small, 10 tasks per type
-    .venv/bin/python benchmarks/bench_alfworld.py --real ../shared/data/alfworld --per-type 20 --resets 1000
+    .venv/bin/python benchmarks/bench_alfworld.py --real "$ALFWORLD_DATA" --per-type 20 --resets 1000
 
 Needs the alfworld extra. Prints markdown tables; numbers depend on the machine's load (say what else ran).
 """

@@ -1,11 +1,11 @@
-"""Compare the BM25 engines side by side on one synthetic corpus: build time, speed, memory, recall@5.
+"""Compare the BM25 libraries side by side on one synthetic corpus: build time, speed, memory, recall@5.
 
     python benchmarks/bench_bm25.py --passages 100000
 
 The corpus is fictional encyclopedic passages, generated deterministically from --seed. Each query
 targets one gold passage: half name the entity (in an inflected form, so stemming matters), half
-only combine attributes that many distractor passages share individually. Each engine runs in a
-forked child so its memory delta is not blurred by the previous engine's leftovers.
+only combine attributes that many distractor passages share individually. Each library runs in a
+forked child so its memory delta is not blurred by the previous library's leftovers.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from capo_envs.retrieval.base import Passage
-from capo_envs.retrieval.bm25 import DEFAULT_ENGINE, ENGINES, BM25Retriever
+from capo_envs.retrieval.bm25 import DEFAULT_LIBRARY, LIBRARIES, BM25Retriever
 
 _SYLLABLES = "ka lo ver mi tra son del qua rin bel osh tek mar vin dra zul fen har po lis gar nu ith cor sel wyn bro tal ge fu".split()
 _KINDS = "river fortress guild monastery observatory village library dynasty festival canal academy harbour".split()
@@ -117,12 +117,12 @@ def _measure(build, passages, queries, batch: int, singles: int) -> dict:
                 disk_mb=None if disk is None else disk / 2**20, recall5=recall)
 
 
-def _bm25_builder(engine: str):
-    return lambda passages: BM25Retriever.build(passages, engine=engine)
+def _bm25_builder(library: str):
+    return lambda passages: BM25Retriever.build(passages, library=library)
 
 
 def _lucene_builder():
-    """The pyserini engine, or a reason it cannot run here."""
+    """The pyserini library, or a reason it cannot run here."""
     try:
         from capo_envs.retrieval.lucene import LuceneRetriever
     except Exception as e:  # the module is optional and needs pyserini + a JDK
@@ -150,14 +150,14 @@ def main() -> None:
     t0 = time.perf_counter()
     passages, queries = make_corpus(args.passages, args.seed)
     print(f"corpus: {len(passages):,} passages, {len(queries):,} queries (generated in {time.perf_counter() - t0:.1f}s)")
-    engines = list(ENGINES)
+    libraries = list(LIBRARIES)
     if _lucene_builder()[0] is None:
         print(f"note: skipping lucene: {_lucene_builder()[1]}")
     else:
-        engines.append("lucene")
+        libraries.append("lucene")
     results = {}
     ctx = mp.get_context("fork")
-    for name in engines:
+    for name in libraries:
         with ctx.Pool(1) as pool:
             name, metrics, error = pool.apply(_child, ((name, passages, queries, args.batch, args.singles),))
         if error:
@@ -174,19 +174,19 @@ def main() -> None:
         ("recall@5", "recall5", "{:.3f}"),
     ]
     names = list(results)
-    base = results.get(DEFAULT_ENGINE)
+    base = results.get(DEFAULT_LIBRARY)
     header = f"{'metric':<22}" + "".join(f"{n:>12}" for n in names)
-    header += "".join(f"{n + '/' + DEFAULT_ENGINE:>18}" for n in names if n != DEFAULT_ENGINE and base)
+    header += "".join(f"{n + '/' + DEFAULT_LIBRARY:>18}" for n in names if n != DEFAULT_LIBRARY and base)
     print(header)
     for label, key, fmt in rows:
         cells = [results[n][key] for n in names]
         line = f"{label:<22}" + "".join(f"{'-' if c is None else fmt.format(c):>12}" for c in cells)
         for n in names:
-            if n != DEFAULT_ENGINE and base:
+            if n != DEFAULT_LIBRARY and base:
                 a, b = results[n][key], base[key]
                 line += f"{'-' if a is None or not b else f'{a / b:.2f}x':>18}"
         print(line)
-    print(f"default engine (engine='auto'): {DEFAULT_ENGINE}")
+    print(f"default library (library='auto'): {DEFAULT_LIBRARY}")
 
 
 if __name__ == "__main__":

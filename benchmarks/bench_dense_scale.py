@@ -21,7 +21,7 @@ with recall@5 >= 0.95 (against flat) and the fewest bytes per passage, and extra
 to 21M passages as its fixed part (centroids, codebooks) plus 21M times what each added passage
 cost. Each size runs in one process; results go to ``dense_results.jsonl`` (a rerun skips
 measured (config, size) cells). ``--hybrid`` adds the latency of BM25 (this package's default
-engine, on the generated text corpus of the same size from ``bench_retrieval_scale.py``) + the
+library, on the generated text corpus of the same size from ``bench_retrieval_scale.py``) + the
 chosen dense index, fused by ``HybridRetriever`` (query encoding timed separately, on the NQ sample).
 """
 
@@ -263,7 +263,7 @@ def hybrid(n: int, args, gen: VectorGenerator, vectors: np.ndarray, query_vector
 
     dense = PrecomputedDense()
     fused = HybridRetriever([bm25, dense], depth=50)
-    row = {"hybrid": pick["config"], "passages": n, "seed": args.seed, "bm25_engine": f"{bm25.engine}/{bm25.kernel}",
+    row = {"hybrid": pick["config"], "passages": n, "seed": args.seed, "bm25_library": f"{bm25.library}/{bm25.kernel}",
            "loadavg_start": os.getloadavg()[0]}
     for name, retriever, k in (("bm25_k50", bm25, 50), ("dense_k50", dense, 50), ("hybrid_k5", fused, 5)):
         retriever.search(texts[:16], k)
@@ -272,7 +272,7 @@ def hybrid(n: int, args, gen: VectorGenerator, vectors: np.ndarray, query_vector
         row[f"{name}_p99_ms"] = float(np.percentile(lat, 99))
     with open(results, "a") as f:
         f.write(json.dumps(row) + "\n")
-    print(f"  hybrid ({pick['config']} + bm25 {row['bm25_engine']}), single query p50: bm25 {row['bm25_k50_p50_ms']:.2f} ms, "
+    print(f"  hybrid ({pick['config']} + bm25 {row['bm25_library']}), single query p50: bm25 {row['bm25_k50_p50_ms']:.2f} ms, "
           f"dense {row['dense_k50_p50_ms']:.2f} ms, fused {row['hybrid_k5_p50_ms']:.2f} ms (+ query encoding)")
 
 
@@ -302,7 +302,7 @@ def report(results: Path, base_info: dict) -> None:
     for r in rows:
         if "hybrid" in r:
             enc = base_info.get("query_encode_p50_ms", float("nan"))
-            print(f"hybrid at {r['passages']:,} ({r['hybrid']} + {r['bm25_engine']}): p50 bm25 {r['bm25_k50_p50_ms']:.2f} ms, "
+            print(f"hybrid at {r['passages']:,} ({r['hybrid']} + {r['bm25_library']}): p50 bm25 {r['bm25_k50_p50_ms']:.2f} ms, "
                   f"dense {r['dense_k50_p50_ms']:.2f} ms, fused {r['hybrid_k5_p50_ms']:.2f} ms, + MiniLM query encoding "
                   f"{enc:.1f} ms (p50, 1 thread, NQ sample)")
 

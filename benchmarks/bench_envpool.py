@@ -6,7 +6,7 @@ trajectories.
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_envpool.py
     # the real ALFWorld game(s) of a data folder in the $ALFWORLD_DATA layout
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_envpool.py --env capo/ALFWorld-v0 \\
-        --env-kwargs '{"data_dir": "../shared/data/alfworld"}'
+        --env-kwargs '{"data_dir": "'"$ALFWORLD_DATA"'"}'
     # a cheap in-process env: what threads cost where there is nothing to overlap
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_envpool.py --env capo/SynthChain-v0 \\
         --env-kwargs '{"k": 4}' --envs 16 --rounds 50

@@ -30,7 +30,7 @@ import torch
 
 from capo_train.backends.hf import HFBackend
 from capo_train.models import load_actor, make_tiny_llama
-from capo_train.trainer import resolve_model_path
+from capo_train.models import resolve_model_path
 
 
 def main() -> None:

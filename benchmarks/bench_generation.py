@@ -16,7 +16,7 @@ import torch
 
 from capo_train.backends.hf import HFBackend
 from capo_train.models import load_actor
-from capo_train.trainer import resolve_model_path
+from capo_train.models import resolve_model_path
 
 
 def main() -> None:

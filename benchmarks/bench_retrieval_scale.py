@@ -1,9 +1,9 @@
-"""BM25 engines at growing corpus sizes, each in its own process: cost per size, a fitted curve, 21M.
+"""BM25 libraries at growing corpus sizes, each in its own process: cost per size, a fitted curve, 21M.
 
     python benchmarks/bench_retrieval_scale.py --sizes 10000,100000 --threads 1,2
     python benchmarks/bench_retrieval_scale.py --sizes 1000000,5000000 --work-dir /big/disk/scale
 
-For every (engine, size) cell: build time (``--build-threads``), index size on disk, peak RSS of the
+For every (library, size) cell: build time (``--build-threads``), index size on disk, peak RSS of the
 build, RSS of a fresh process serving the saved index, single-query latency (p50, p99, k=10),
 batched throughput at each ``--threads`` count, recall@5 against the gold passage and top-10 overlap
 with Lucene. Timings are taken on the wall clock and, for robustness on a shared machine, also in
@@ -11,24 +11,24 @@ CPU time of the serving process (all its threads, a JVM's included): ``*_cpu_*``
 machine the two agree for one thread; under load only the CPU figures stay comparable. Each cell's build and serve run in separate child processes (``worker`` subcommand),
 so memory is measured on a clean process. Results are appended to ``results.jsonl`` in the work dir;
 a rerun skips the cells already there (``--force`` redoes them), so a long run can be resumed.
-At the end ``retrieval_scale_plot.py`` fits cost-vs-size per engine (log-log), extrapolates to
+At the end ``retrieval_scale_plot.py`` fits cost-vs-size per library (log-log), extrapolates to
 21M passages, prints the side-by-side ratios and draws the plot.
 
-Engines (each skipped with a note when it does not import here):
+Libraries (each skipped with a note when it does not import here):
   bm25s-numba      this package's bm25s index scored by its numba kernel (``kernel="numba"``)
   bm25s-lucene     the same with ``analyzer="lucene"`` (pyserini's analysis, k1/b and length norms)
   bm25s-scipy      the same index scored by a scipy sparse product (``kernel="scipy"``)
   bm25s-lib-numba  the same index scored by bm25s's own ``retrieve`` with its numba backend
   bm25s-lib-numpy  bm25s's own ``retrieve`` with its numpy backend (dense scores per query)
-  tantivy          tantivy (Rust, block-max WAND) through this package's ``engine="tantivy"``
+  tantivy          tantivy (Rust, block-max WAND) through this package's ``library="tantivy"``
   lucene           Lucene 9 via pyserini 0.22.1 / Anserini (JDK 17): ``LuceneRetriever``
 
 Thread counts are set explicitly: ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``
 and ``NUMBA_NUM_THREADS`` are exported to the children (the last as the largest ``--threads``), and
-each engine is told its thread count (numba lanes, tantivy searcher threads, Lucene's
+each library is told its thread count (numba lanes, tantivy searcher threads, Lucene's
 ``batch_search`` threads). The scipy kernel and the bm25s numpy backend are single-threaded.
 
-The corpus (the same for every engine, written once per size under the work dir) is generated
+The corpus (the same for every library, written once per size under the work dir) is generated
 deterministically, with a gold passage per query. What is matched to the real sample (``shared/data/wiki_passages/sample_data.jsonl``: 1,000 wiki-18
 passages, FlashRAG's quick-start corpus, each exactly 100 words after its title):
 
@@ -280,16 +280,16 @@ def read_queries(folder: Path) -> tuple[list[str], list[str]]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Engines, as the worker processes open them
+# Libraries, as the worker processes open them
 # ---------------------------------------------------------------------------------------------------
 
-ENGINE_NAMES = ("bm25s-numba", "bm25s-lucene", "bm25s-scipy", "bm25s-lib-numba", "bm25s-lib-numpy", "tantivy", "lucene")
+LIBRARY_NAMES = ("bm25s-numba", "bm25s-lucene", "bm25s-scipy", "bm25s-lib-numba", "bm25s-lib-numpy", "tantivy", "lucene")
 INDEX_OF = {"bm25s-numba": "bm25s", "bm25s-scipy": "bm25s", "bm25s-lib-numba": "bm25s", "bm25s-lib-numpy": "bm25s",
             "bm25s-lucene": "bm25s-lucene", "tantivy": "tantivy", "lucene": "lucene"}
-K = 10  # every engine returns its top 10: recall@5 reads the first 5, the Lucene overlap all 10
+K = 10  # every library returns its top 10: recall@5 reads the first 5, the Lucene overlap all 10
 
 
-def engine_unavailable(name: str) -> str | None:
+def library_unavailable(name: str) -> str | None:
     """Why ``name`` cannot run here, or None."""
     try:
         if INDEX_OF[name].startswith("bm25s"):
@@ -321,9 +321,9 @@ def _build(kind: str, passages, threads: int):
     from capo_envs.retrieval.bm25 import BM25Retriever
 
     if kind == "bm25s-lucene":
-        return BM25Retriever.build(passages, engine="bm25s", kernel="scipy", threads=threads, analyzer="lucene")
+        return BM25Retriever.build(passages, library="bm25s", kernel="scipy", threads=threads, analyzer="lucene")
     # bm25s-numba/-scipy measure the snowball analysis (the default until 2026-12); bm25s-lucene the default now
-    return BM25Retriever.build(passages, engine=kind, kernel="scipy", threads=threads,
+    return BM25Retriever.build(passages, library=kind, kernel="scipy", threads=threads,
                                analyzer="snowball" if kind == "bm25s" else None)
 
 
@@ -335,13 +335,13 @@ class _Bm25sLibrary:
         from capo_envs.retrieval.bm25 import BM25Retriever
 
         self._retriever = BM25Retriever.load(index_dir, kernel="scipy")
-        self._engine = self._retriever._engine
-        self._model = self._engine._model
+        self._index = self._retriever._index
+        self._model = self._index._model
         self._model.backend = backend
         self.threads = 1
 
     def search(self, queries: list[str], k: int) -> np.ndarray:
-        ids = [self._engine._term_ids(q) for q in queries]
+        ids = [self._index._term_ids(q) for q in queries]
         out = np.full((len(queries), k), -1, dtype=np.int64)
         rows = [i for i, t in enumerate(ids) if t]
         if rows:
@@ -358,7 +358,7 @@ class _Bm25sLibrary:
 
 
 class _Served:
-    """One engine over a saved index: ``search`` gives corpus positions (-1 padded), ``threads`` is settable."""
+    """One library over a saved index: ``search`` gives corpus positions (-1 padded), ``threads`` is settable."""
 
     def __init__(self, name: str, index_dir: Path, threads: int = 1):
         self.name = name
@@ -450,14 +450,14 @@ def worker_build(kind: str, corpus_dir: Path, index_dir: Path, threads: int) -> 
             "disk_mb": _dir_mb(index_dir), "disk_index_only_mb": _dir_mb(index_dir, ("passages.jsonl", "offsets.npy"))}
 
 
-def worker_serve(engine: str, corpus_dir: Path, index_dir: Path, threads: list[int], singles: int, batch: int,
+def worker_serve(library: str, corpus_dir: Path, index_dir: Path, threads: list[int], singles: int, batch: int,
                  warmup: int, topk_path: Path, repeats: int = 3) -> dict:
     import time
 
     queries, golds = read_queries(corpus_dir)
     rss_start = _rss_mb()
     t0 = time.perf_counter()
-    served = _Served(engine, index_dir, threads=1)
+    served = _Served(library, index_dir, threads=1)
     load_s = time.perf_counter() - t0
     warm = queries[-warmup:] if warmup else []
     for q in warm:  # JIT compilation, the JVM's warm-up, page cache: not part of the timings
@@ -513,7 +513,7 @@ def _child_env(max_threads: int) -> dict:
 
     env = dict(os.environ)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        env[var] = "1"  # every engine's parallelism is its own, counted in --threads
+        env[var] = "1"  # every library's parallelism is its own, counted in --threads
     env["NUMBA_NUM_THREADS"] = str(max_threads)
     env["TOKENIZERS_PARALLELISM"] = "false"
     here = str(Path(__file__).resolve().parent)
@@ -545,8 +545,8 @@ def load_results(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _cell_done(rows: list[dict], engine: str, n: int, seed: int) -> bool:
-    return any(r["engine"] == engine and r["passages"] == n and r["seed"] == seed and "error" not in r for r in rows)
+def _cell_done(rows: list[dict], library: str, n: int, seed: int) -> bool:
+    return any(r["library"] == library and r["passages"] == n and r["seed"] == seed and "error" not in r for r in rows)
 
 
 def run(args) -> Path:
@@ -560,13 +560,13 @@ def run(args) -> Path:
     results_path = work / "results.jsonl"
     threads = [int(t) for t in args.threads.split(",")]
     env = _child_env(max(threads))
-    engines = list(ENGINE_NAMES) if args.engines == "all" else args.engines.split(",")
-    unknown = set(engines) - set(ENGINE_NAMES)
+    libraries = list(LIBRARY_NAMES) if args.libraries == "all" else args.libraries.split(",")
+    unknown = set(libraries) - set(LIBRARY_NAMES)
     if unknown:
-        raise SystemExit(f"unknown engines {sorted(unknown)}; choose from {ENGINE_NAMES}")
+        raise SystemExit(f"unknown libraries {sorted(unknown)}; choose from {LIBRARY_NAMES}")
     runnable = []
-    for e in engines:
-        reason = engine_unavailable(e)
+    for e in libraries:
+        reason = library_unavailable(e)
         if reason:
             print(f"note: skipping {e}: {reason}")
         else:
@@ -576,15 +576,15 @@ def run(args) -> Path:
         t0 = time.perf_counter()
         meta = write_corpus_files(corpus_dir, n, args.queries, args.seed)
         print(f"corpus {n:,} passages ({meta['tokens']:,} tokens, profile: {meta['profile']}) ready in {time.perf_counter() - t0:.0f}s")
-        for engine in runnable:
+        for library in runnable:
             rows = load_results(results_path)
-            if _cell_done(rows, engine, n, args.seed) and not args.force:
-                print(f"  {engine:<16} n={n:,}: already measured, skipped")
+            if _cell_done(rows, library, n, args.seed) and not args.force:
+                print(f"  {library:<16} n={n:,}: already measured, skipped")
                 continue
-            kind = INDEX_OF[engine]
+            kind = INDEX_OF[library]
             index_dir = work / "indexes" / f"{kind}-n{n}-s{args.seed}"
             build_json = index_dir.with_name(index_dir.name + ".build.json")
-            row = {"engine": engine, "passages": n, "seed": args.seed, "index": kind, "host": platform.node(),
+            row = {"library": library, "passages": n, "seed": args.seed, "index": kind, "host": platform.node(),
                    "cpus": os.cpu_count(), "threads": threads, "loadavg_start": os.getloadavg()[0],
                    "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             if not build_json.is_file() or args.force:
@@ -593,15 +593,15 @@ def run(args) -> Path:
                                           "--build-threads", str(args.build_threads)], env, args.cell_timeout)
                 if built is None:
                     row["error"] = f"build: {err}"
-                    print(f"  {engine:<16} n={n:,}: {row['error']}")
+                    print(f"  {library:<16} n={n:,}: {row['error']}")
                     with open(results_path, "a") as f:
                         f.write(json.dumps(row) + "\n")
                     continue
                 build_json.write_text(json.dumps(built))
             row.update(json.loads(build_json.read_text()))
-            topk = work / "topk" / f"{engine}-n{n}-s{args.seed}.npy"
+            topk = work / "topk" / f"{library}-n{n}-s{args.seed}.npy"
             topk.parent.mkdir(exist_ok=True)
-            served, err = _run_worker(["serve", "--engine", engine, "--corpus", str(corpus_dir), "--index", str(index_dir),
+            served, err = _run_worker(["serve", "--library", library, "--corpus", str(corpus_dir), "--index", str(index_dir),
                                        "--threads", args.threads, "--singles", str(args.singles), "--batch", str(args.batch),
                                        "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--topk", str(topk)], env, args.cell_timeout)
             if served is None:
@@ -613,9 +613,9 @@ def run(args) -> Path:
             with open(results_path, "a") as f:
                 f.write(json.dumps(row) + "\n")
             if served is None:
-                print(f"  {engine:<16} n={n:,}: {row['error']}")
+                print(f"  {library:<16} n={n:,}: {row['error']}")
             else:
-                print(f"  {engine:<16} n={n:,}: build {row['build_s']:.1f}s  p50 {row['single_p50_ms']:.2f} ms  "
+                print(f"  {library:<16} n={n:,}: build {row['build_s']:.1f}s  p50 {row['single_p50_ms']:.2f} ms  "
                       f"batch {row[f'batch_qps_t{threads[0]}']:.0f} q/s  RSS {row['rss_serving_mb']:.0f} MB  "
                       f"recall@5 {row['recall5']:.3f}  (load avg {row['loadavg_start']:.1f})")
         if not args.keep_indexes:
@@ -632,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
         w = argparse.ArgumentParser(prog="bench_retrieval_scale.py worker")
         w.add_argument("phase", choices=("build", "serve"))
         w.add_argument("--kind")
-        w.add_argument("--engine")
+        w.add_argument("--library")
         w.add_argument("--corpus", type=Path, required=True)
         w.add_argument("--index", type=Path, required=True)
         w.add_argument("--build-threads", type=int, default=1)
@@ -647,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.phase == "build":
             out = worker_build(a.kind, a.corpus, a.index, a.build_threads)
         else:
-            out = worker_serve(a.engine, a.corpus, a.index, [int(t) for t in a.threads.split(",")], a.singles,
+            out = worker_serve(a.library, a.corpus, a.index, [int(t) for t in a.threads.split(",")], a.singles,
                                a.batch, a.warmup, a.topk, a.repeats)
         a.out.write_text(json.dumps(out))
         return 0
@@ -655,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10000,100000", help="comma-separated passage counts (1e6 works)")
-    parser.add_argument("--engines", default="all", help=f"comma-separated, from {', '.join(ENGINE_NAMES)}")
+    parser.add_argument("--libraries", default="all", help=f"comma-separated, from {', '.join(LIBRARY_NAMES)}")
     parser.add_argument("--threads", default="1,2", help="thread counts for the batched throughput")
     parser.add_argument("--build-threads", type=int, default=1, help="indexing threads (tantivy, Lucene)")
     parser.add_argument("--queries", type=int, default=1000, help="queries (each with a gold passage)")

@@ -15,7 +15,7 @@ checkpointing; ``--lora`` gives both sides the same peft LoRA instead of full fi
 
 What is timed:
 
-- ours: ``capo_train.trainer.update(...)`` on a ``RowBatch`` from ``build_rows`` (critic and actor
+- ours: ``capo_train.update.update(...)`` on a ``RowBatch`` from ``build_rows`` (critic and actor
   passes, backward, clip, AdamW step, diagnostics). ``compute_targets`` (the no-grad critic scoring pass
   that capo and ppo make before the update) is timed separately and shown in its own column.
 - TRL: its real training loop, ``GRPOTrainer.train()``, with generation stubbed: ``_prepare_inputs``
@@ -52,13 +52,10 @@ from capo_train.algorithms import get
 from capo_train.config import load_config
 from capo_train.models import evaluating, make_tiny_llama
 from capo_train.rows import ActionRecord, Trajectory, build_rows, gather_actions
-from capo_train.trainer import (
-    _optimizers,
-    build_model,
-    compute_targets,
-    resolve_model_path,
-    update,
-)
+from capo_train.models import resolve_model_path
+from capo_train.setup import build_model
+from capo_train.setup import make_optimizers as _optimizers
+from capo_train.update import compute_targets, update
 
 LORA = {"r": 16, "alpha": 32, "last_layers": 8}  # the trainer's defaults (capo_train.config.ModelConfig)
 

@@ -37,7 +37,7 @@ def _rss_mb() -> float:
 def bench_catalog(num_products: int, queries: int, out: mp.Queue) -> None:
     from capo_envs.webshop.products import build_goals, load_products
     from capo_envs.webshop.shop import ProductSearch
-    from capo_envs.webshop.synth import generate_catalog
+    from capo_envs.webshop.world import generate_catalog
 
     start_rss = _rss_mb()
     t = time.perf_counter()

@@ -3,13 +3,13 @@ Qwen3-1.7B's shape (built from a config: nothing is downloaded),
 
 1. generation tokens/s with the trainer's own backend (``HFBackend``), and with vLLM when it is installed
    and a GPU is present;
-2. one CAPO update, the way ``capo train`` makes it (``trainer.compute_targets`` then ``trainer.update``):
+2. one CAPO update, the way ``capo train`` makes it (``update.compute_targets`` then ``update.update``):
    a separate critic, a frozen reference for the KL term, AdamW on actor and critic; its wall time, model
    FLOPs utilisation (MFU) and peak memory;
 3. the log-prob gap between generation and training: the log-probs the backend recorded while sampling
    (the rollout's old log-probs) against the training forward pass on the same tokens. On a GPU in
    bfloat16 the two differ (different kernels, KV cache versus full sequence); the gap is what the first
-   PPO ratio sees before any update (../shared/docs/domain-scaleout.md, sections 2.1 and 3).
+   PPO ratio sees before any update (docs/vllm.md has why it matters for CAPO's 3e-4 action clip).
 
     python benchmarks/gpu_check.py            # Qwen3-1.7B's shape; a few minutes on one GPU
     python benchmarks/gpu_check.py --tiny     # the same steps on a 2-layer model: seconds on a CPU (CI)
@@ -238,7 +238,8 @@ def capo_update(model, reference, batch, minibatch_rows: int, seed: int):
 
     from capo_train.algorithms import get
     from capo_train.config import TrainConfig
-    from capo_train.trainer import _optimizers, compute_targets, update
+    from capo_train.setup import make_optimizers as _optimizers
+    from capo_train.update import compute_targets, update
 
     config = TrainConfig()
     config.model.critic, config.model.lora = "separate", False

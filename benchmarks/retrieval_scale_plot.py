@@ -5,7 +5,7 @@
 Latency and throughput are shown on the wall clock and in CPU time of the serving process (robust
 to other processes' load: see ``bench_retrieval_scale.py``); the plot uses CPU time.
 
-The fit per engine and metric is least squares on (log size, log value): value = a * size ** b. With
+The fit per library and metric is least squares on (log size, log value): value = a * size ** b. With
 two sizes it is the line through them; ``b`` near 1 means linear growth. Extrapolations beyond the
 largest measured size are marked with ``*``: they assume the measured trend continues (e.g. that
 the index still fits in memory), which only a measurement can confirm.
@@ -48,13 +48,13 @@ def latest_rows(results: Path) -> list[dict]:
         if line.strip():
             r = json.loads(line)
             if "error" not in r:
-                rows[(r["engine"], r["passages"], r["seed"])] = r
+                rows[(r["library"], r["passages"], r["seed"])] = r
     return list(rows.values())
 
 
 def add_lucene_overlap(rows: list[dict], work: Path) -> None:
     """Mean |top-10 ∩ Lucene's top-10| / |Lucene's top-10| over queries where Lucene found something."""
-    lucene = {(r["passages"], r["seed"]): r for r in rows if r["engine"] == "lucene"}
+    lucene = {(r["passages"], r["seed"]): r for r in rows if r["library"] == "lucene"}
     for r in rows:
         ref = lucene.get((r["passages"], r["seed"]))
         if ref is None or "topk" not in r or not (work / r["topk"]).is_file():
@@ -90,14 +90,14 @@ def report(results: Path, plot: Path | None = None, out=sys.stdout) -> dict:
         print(f"no results in {results}", file=out)
         return {}
     add_lucene_overlap(rows, results.parent)
-    engines = sorted({r["engine"] for r in rows}, key=lambda e: (e != "lucene", e))
+    libraries = sorted({r["library"] for r in rows}, key=lambda e: (e != "lucene", e))
     sizes = sorted({r["passages"] for r in rows})
-    by = {(r["engine"], r["passages"]): r for r in rows}
+    by = {(r["library"], r["passages"]): r for r in rows}
     loads = [r.get("loadavg_start", 0) for r in rows] + [r.get("loadavg_end", 0) for r in rows]
     print(f"\n{len(rows)} cells from {results}; load average during the runs {min(loads):.1f} to {max(loads):.1f} "
           f"on {rows[0].get('cpus')} CPUs (above ~0.5 the machine was not quiet)", file=out)
     for n in sizes:
-        present = [e for e in engines if (e, n) in by]
+        present = [e for e in libraries if (e, n) in by]
         ref = by.get(("lucene", n))
         print(f"\n== {n:,} passages ({by[(present[0], n)].get('queries', '?')} queries, k=10) ==", file=out)
         print(f"{'metric':<26}" + "".join(f"{e:>16}" for e in present), file=out)
@@ -109,9 +109,9 @@ def report(results: Path, plot: Path | None = None, out=sys.stdout) -> dict:
                     f"{_ratio(by[(e, n)], ref, lat_key, qps_key):>16}" for e in present), file=out)
     fits: dict = {}
     print("\n== fitted cost = a * passages ** b, extrapolated (* = beyond the largest measured size) ==", file=out)
-    print(f"{'engine':<16}{'metric':<16}{'b':>7}" + "".join(f"{_size(t):>12}" for t in TARGETS), file=out)
-    for e in engines:
-        mine = sorted((r for r in rows if r["engine"] == e), key=lambda r: r["passages"])
+    print(f"{'library':<16}{'metric':<16}{'b':>7}" + "".join(f"{_size(t):>12}" for t in TARGETS), file=out)
+    for e in libraries:
+        mine = sorted((r for r in rows if r["library"] == e), key=lambda r: r["passages"])
         for key in FIT_KEYS:
             f = fit([r["passages"] for r in mine], [r.get(key) for r in mine])
             if f is None:
@@ -123,10 +123,10 @@ def report(results: Path, plot: Path | None = None, out=sys.stdout) -> dict:
     for clock, lat_key, qps_key in CLOCKS:
         if ("lucene", qps_key) not in fits or ("lucene", lat_key) not in fits:
             continue
-        print(f"\n== predicted speed vs Lucene from the {clock} fits: Lucene's single p50 / the engine's; "
-              "the engine's batch q/s / Lucene's (1 thread) ==", file=out)
-        print(f"{'engine':<16}" + "".join(f"{_size(t):>20}" for t in TARGETS), file=out)
-        for e in engines:
+        print(f"\n== predicted speed vs Lucene from the {clock} fits: Lucene's single p50 / the library's; "
+              "the library's batch q/s / Lucene's (1 thread) ==", file=out)
+        print(f"{'library':<16}" + "".join(f"{_size(t):>20}" for t in TARGETS), file=out)
+        for e in libraries:
             if e == "lucene" or (e, qps_key) not in fits or (e, lat_key) not in fits:
                 continue
             cells = ""
@@ -137,9 +137,9 @@ def report(results: Path, plot: Path | None = None, out=sys.stdout) -> dict:
             print(f"{e:<16}{cells}", file=out)
     print("\n== affine fit of per-query CPU cost = fixed + slope * passages (ms; from single p50 CPU and "
           "1/batch q/CPU-s), extrapolated ==", file=out)
-    print(f"{'engine':<16}{'metric':<14}{'fixed ms':>10}{'ms per 1M':>11}" + "".join(f"{_size(t):>10}" for t in TARGETS), file=out)
-    for e in engines:
-        mine = sorted((r for r in rows if r["engine"] == e), key=lambda r: r["passages"])
+    print(f"{'library':<16}{'metric':<14}{'fixed ms':>10}{'ms per 1M':>11}" + "".join(f"{_size(t):>10}" for t in TARGETS), file=out)
+    for e in libraries:
+        mine = sorted((r for r in rows if r["library"] == e), key=lambda r: r["passages"])
         sizes_e = [r["passages"] for r in mine]
         for label, values in (("single p50", [r.get("single_p50_cpu_ms") for r in mine]),
                               ("batch/query", [1000 / r["batch_cpu_qps_t1"] if r.get("batch_cpu_qps_t1") else None for r in mine])):
@@ -150,7 +150,7 @@ def report(results: Path, plot: Path | None = None, out=sys.stdout) -> dict:
             cells = "".join(f"{f[0] + f[1] * t:>10.3g}" for t in TARGETS)
             print(f"{e:<16}{label:<14}{f[0]:>10.3f}{f[1] * 1e6:>11.3f}{cells}", file=out)
     if plot is not None:
-        draw(rows, fits, engines, Path(plot))
+        draw(rows, fits, libraries, Path(plot))
         print(f"\nplot: {plot}", file=out)
     return fits
 
@@ -158,7 +158,7 @@ def report(results: Path, plot: Path | None = None, out=sys.stdout) -> dict:
 def affine_fit(sizes, values) -> tuple[float, float] | None:
     """(fixed, per passage) of value = fixed + per_passage * size, least squares, both >= 0: a
     query's cost is a fixed overhead plus work in proportion to the postings it reads, which an
-    exhaustive engine's grow with the corpus. Where the power fit's exponent is well below 1 only
+    exhaustive library's grow with the corpus. Where the power fit's exponent is well below 1 only
     because the fixed part dominates the measured sizes, this one extrapolates more honestly."""
     pts = [(s, v) for s, v in zip(sizes, values) if v is not None and np.isfinite(v)]
     if len({s for s, _ in pts}) < 2:
@@ -181,14 +181,14 @@ def _size(n: int) -> str:
 
 
 def _ratio(row: dict, ref: dict, lat_key: str, qps_key: str) -> str:
-    """Lucene's single p50 / this engine's, and this engine's batch q/s / Lucene's (1 thread)."""
+    """Lucene's single p50 / this library's, and this library's batch q/s / Lucene's (1 thread)."""
     try:
         return f"{ref[lat_key] / row[lat_key]:.1f}x/{row[qps_key] / ref[qps_key]:.1f}x"
     except (KeyError, ZeroDivisionError, TypeError):
         return "-"
 
 
-def draw(rows: list[dict], fits: dict, engines: list[str], path: Path) -> None:
+def draw(rows: list[dict], fits: dict, libraries: list[str], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -200,8 +200,8 @@ def draw(rows: list[dict], fits: dict, engines: list[str], path: Path) -> None:
     fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
     grid = np.logspace(4, np.log10(21e6), 50)
     for ax, (key, title) in zip(axes.flat, panels):
-        for i, e in enumerate(engines):
-            mine = sorted((r for r in rows if r["engine"] == e and r.get(key) is not None), key=lambda r: r["passages"])
+        for i, e in enumerate(libraries):
+            mine = sorted((r for r in rows if r["library"] == e and r.get(key) is not None), key=lambda r: r["passages"])
             if not mine:
                 continue
             color = f"C{i}"
@@ -221,7 +221,7 @@ def draw(rows: list[dict], fits: dict, engines: list[str], path: Path) -> None:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             labelled.setdefault(label, handle)
     fig.legend(list(labelled.values()), list(labelled), loc="lower center", ncol=max(1, len(labelled)), fontsize=9)
-    fig.suptitle("BM25 engines vs corpus size (benchmarks/bench_retrieval_scale.py)")
+    fig.suptitle("BM25 libraries vs corpus size (benchmarks/bench_retrieval_scale.py)")
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

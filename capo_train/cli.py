@@ -40,6 +40,8 @@ def _cmd_envs(args: argparse.Namespace) -> int:
         for card in capo_envs.CATALOG.values():
             print(f"\n{card.id}: {card.summary}\n  actions: {card.action_format}\n  reward: {card.reward}"
                   f"\n  metrics: {card.metrics}")
+            if card.cpu_preset:  # what `capo train` uses when env.kwargs is null
+                print(f"  cpu preset: {json.dumps(card.cpu_preset)} ({card.cpu_preset_why})")
     return 0
 
 
@@ -108,8 +110,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from .config import ConfigError, EnvConfig, TrainConfig
     from .models import load_checkpoint
-    from .progress import Progress
-    from .trainer import evaluate, make_envs
+    from data_prep.progress import Progress
+    from .evaluation import evaluate
+    from .setup import make_envs
 
     # No key=value: the env's defaults as `capo train` uses them (env.kwargs null).
     config = TrainConfig(env=EnvConfig(id=args.env, kwargs=parse_key_values(args.env_kwargs) or None))
@@ -188,11 +191,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
+def _cmd_compare(args: argparse.Namespace) -> int:
     """Train every (env, algo, seed) cell not yet done, then print the comparison table."""
     import shlex
 
-    from .bench import load_grid, markdown_table, run_grid
+    from .compare import load_grid, markdown_table, run_grid
     from .config import ConfigError
 
     flags = {"algos": args.algos, "envs": args.envs, "seeds": args.seeds, "out_dir": args.out}
@@ -203,7 +206,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     given = [f"--{name} {shlex.quote(str(value))}" for name, value in vars(args).items()
              if name in ("grid", "algos", "envs", "seeds", "out") and value is not None]
     try:
-        command = " ".join(["capo bench", *given, *map(shlex.quote, args.overrides)])
+        command = " ".join(["capo compare", *given, *map(shlex.quote, args.overrides)])
         rows = run_grid(grid, command=command, jobs=args.jobs)
     except ConfigError as e:  # a cell started with other settings
         raise SystemExit(f"capo: {e}") from None
@@ -211,6 +214,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     print("\n" + markdown_table(rows, grid) + "\n")
     print(f"results.csv, results.md, curves.png and grid.json in {out}; per-run logs in {out / 'runs'}")
     return 0
+
+
+# Subcommands that were renamed: `capo OLD ...` exits 2 and names the new one, whatever its arguments.
+RENAMED_COMMANDS = {"bench": "compare"}
+
+
+def _renamed(old: str) -> int:
+    print(f"capo {old}: renamed: use `capo {RENAMED_COMMANDS[old]}`", file=sys.stderr)
+    return 2
 
 
 def _cmd_view(args: argparse.Namespace) -> int:
@@ -224,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     envs = sub.add_parser("envs", help="list every env id, the data it needs and whether it is present")
-    envs.add_argument("-v", "--verbose", action="store_true", help="also print action format, reward, metrics")
+    envs.add_argument("-v", "--verbose", action="store_true", help="also print action format, reward, metrics and the CPU preset")
     envs.set_defaults(func=_cmd_envs)
 
     demo = sub.add_parser("demo", help="run an env's expert for a few episodes and print what it sees")
@@ -262,7 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(func=_cmd_eval)
 
     serve = sub.add_parser("serve", help="serve a checkpoint over the OpenAI completions API (for OpenAIBackend); "
-                           "`capo serve webshop|papers` serve those domains instead")
+                           "`capo serve webshop|papers` serve those domains instead, `capo serve env ID` any env "
+                           "(OpenEnv's protocol)")
     serve.add_argument("--checkpoint", required=True, help="a run folder or its checkpoint/")
     serve.add_argument("--host", default="127.0.0.1", help="use 0.0.0.0 to accept other machines")
     serve.add_argument("--port", type=int, default=8000)
@@ -279,20 +292,23 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, help="the model folder to write")
     export.set_defaults(func=_cmd_export)
 
-    bench = sub.add_parser("bench", help="train a grid of algorithms x envs x seeds and compare them")
-    bench.add_argument("--grid", help="a YAML file of grid keys (see capo_train/bench.py: GridConfig)")
-    bench.add_argument("--algos", help="comma-separated algorithm names (default: every registered one)")
-    bench.add_argument("--envs", help="comma-separated env ids (default: capo/SynthHop-v0)")
-    bench.add_argument("--seeds", help="comma-separated seeds (default: 0,1,2)")
-    bench.add_argument("--out", help="grid folder: results.csv/.md, curves.png, runs/ (default: runs/bench)")
-    bench.add_argument("--jobs", type=int, default=1,
-                       help="cells trained at once, each in its own process with cpu_count/jobs threads (default 1)")
-    bench.add_argument("overrides", nargs="*", metavar="key=value",
-                       help="grid keys, e.g. iterations=4, or base.<train key>, e.g. base.model.path=DIR")
-    bench.set_defaults(func=_cmd_bench)
+    compare = sub.add_parser("compare", help="train a grid of algorithms x envs x seeds and compare them")
+    compare.add_argument("--grid", help="a YAML file of grid keys (see capo_train/compare.py: GridConfig)")
+    compare.add_argument("--algos", help="comma-separated algorithm names (default: every registered one)")
+    compare.add_argument("--envs", help="comma-separated env ids (default: capo/SynthHop-v0)")
+    compare.add_argument("--seeds", help="comma-separated seeds (default: 0,1,2)")
+    compare.add_argument("--out", help="grid folder: results.csv/.md, curves.png, runs/ (default: runs/compare)")
+    compare.add_argument("--jobs", type=int, default=1,
+                         help="cells trained at once, each in its own process with cpu_count/jobs threads (default 1)")
+    compare.add_argument("overrides", nargs="*", metavar="key=value",
+                         help="grid keys, e.g. iterations=4, or base.<train key>, e.g. base.model.path=DIR")
+    compare.set_defaults(func=_cmd_compare)
+
+    for old, new in RENAMED_COMMANDS.items():  # listed in the help; main() answers them before parsing
+        sub.add_parser(old, help=f"renamed: use `capo {new}`", add_help=False)
 
     view = sub.add_parser("view", help="a local web page over run folders: curves, config, recorded episodes "
-                          "with each action's credit, runs side by side, bench grids (--html OUT: static files)")
+                          "with each action's credit, runs side by side, compare grids (--html OUT: static files)")
     from .viewer import add_arguments as add_view_arguments
 
     add_view_arguments(view)
@@ -304,8 +320,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# ``capo serve webshop|papers ...``: the domains' own servers (no torch), each with its own parser.
-DOMAIN_SERVERS = {"webshop": "capo_envs.webshop.server", "papers": "capo_envs.papers.server"}
+# ``capo serve webshop|papers|env ...``: the domains' own servers and the env server (no torch), each with its
+# own parser.
+DOMAIN_SERVERS = {"webshop": "capo_envs.webshop.server", "papers": "capo_envs.papers.server",
+                  "env": "capo_envs.remote.server"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -318,6 +336,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         import importlib
 
         return importlib.import_module(DOMAIN_SERVERS[argv[1]]).serve_main(argv[2:])
+    if argv and argv[0] in RENAMED_COMMANDS:
+        return _renamed(argv[0])
     if argv and argv[0] == "serve-retriever":
         from capo_envs.retrieval.server import serve_main
 

@@ -2,7 +2,8 @@
 
 Every field has a default, so ``capo train`` with no arguments is the embedded default run. Every value is
 checked when the config is loaded (``validate``): unknown keys, wrong types and values out of range are
-rejected with a message that names the key and what it accepts, before any model is loaded.
+rejected with a message that names the key and what it accepts, before any model is loaded (the ranges
+are ``config_rules.py``).
 """
 
 from __future__ import annotations
@@ -10,32 +11,15 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
+
+from .config_rules import ALGO_SETTING_RULES, CONFIG_RULES, check_value, value_at
+from .errors import ConfigError
 
 DEFAULT_ENV = "capo/SynthChain-v0"
-# The kwargs an env gets when env.kwargs is null: CPU settings for the envs the README's runs use.
-ENV_PRESETS = {
-    # The main command: 4 decisions, outcome reward only, and a demonstrator that picks random doors
-    # (expert_skill 0), so the warm start learns the action format and nothing of the task: every point of
-    # held-out success above it is RL's (docs/results/learning.md).
-    "capo/SynthChain-v0": {"k": 4, "expert_skill": 0.0},
-    # One 400-character passage per search keeps states short for CPU training (~450 tokens at most) and
-    # leaves no distractor passage; two-hop bridge questions only: the warm-started SmolLM2 solves ~22% of
-    # them (~0-6% of the full mix), so RL sees reward. The dev split has 50 of them.
-    "capo/SynthHop-v0": {"size": "small", "k": 1, "max_passage_chars": 400, "question_kinds": ["bridge-2"]},
-    # Titles only and 5 papers per call: the mean observation falls from 2,603 to 744 characters and the
-    # oracle still finds every gold paper (docs/envs/papers.md). Turns with several calls need
-    # rollout.max_action_tokens=128.
-    "capo/SynthScholar-v0": {"size": "small", "max_abstract_chars": 0, "search_limit": 5, "shown_per_call": 5,
-                             "pool_view": 5},
-    # The smallest house and 20 steps (the CAPO authors' budget); long episodes overflow 1024 prompt tokens
-    # with the whole history, so train with rollout.state=window rollout.layout=per_action.
-    "capo/SynthHouse-v0": {"size": "tiny", "max_steps": 20},
-}
 
 
 @dataclass
@@ -53,7 +37,7 @@ class ModelConfig:
 @dataclass
 class EnvConfig:
     id: str = DEFAULT_ENV  # a registered id, or Gymnasium's "module:Id" (the module is imported, then the id)
-    kwargs: dict | None = None  # None: ENV_PRESETS[id] where there is one, else the env's own defaults
+    kwargs: dict | None = None  # None: the env card's cpu_preset where it has one, else the env's own defaults
     # Passed as split= only to an env whose constructor has a `split` parameter (README: the contract).
     train_split: str = "train"
     eval_split: str = "dev"
@@ -63,7 +47,7 @@ class EnvConfig:
 class RolloutConfig:
     # Episodes per iteration, the same for every algorithm: group methods spend them as
     # episodes_per_batch / group_size tasks x group_size rollouts, the others as episodes_per_batch tasks.
-    # With 8 (and lr 2e-4) the CPU default collapsed within 12 iterations.
+    # Why 16: docs/results/learning.md, "Why the defaults".
     episodes_per_batch: int = 16
     tasks_per_batch: int = 0  # > 0: this many tasks x group_size episodes instead of episodes_per_batch
     group_size: int = 0  # 0: the algorithm's default (1 for capo/ppo, 8 for the group methods)
@@ -74,8 +58,8 @@ class RolloutConfig:
     max_prompt_tokens: int = 1024
     temperature: float = 1.0
     # Where env resets and steps run (capo_train/envpool.py, docs/envpool.md): "thread" on env_workers
-    # threads (envs that wait outside the GIL: ALFWorld's engine processes, HTTP retrievers; cheap envs lose
-    # ~14 us a call); "process" in env_workers spawned processes (envs that hold the GIL, or a JVM);
+    # threads (envs that wait outside the GIL: ALFWorld's game processes, HTTP retrievers; cheap envs pay a
+    # little per call); "process" in env_workers spawned processes (envs that hold the GIL, or a JVM);
     # "serial" in the trainer's thread, one call after the other. Same trajectories whichever.
     env_pool: str = "thread"
     env_workers: int | None = None  # null: the CPUs this process may use (envpool.auto_workers)
@@ -93,11 +77,9 @@ class RolloutConfig:
 
 @dataclass
 class OptimConfig:
-    # None: by model kind (default_actor_lr). LoRA: 2e-4 (SmolLM2 on the default SynthChain run: 5e-5 moved
-    # held-out success 0.185 -> 0.23 in 20 iterations, 2e-4 to 0.52; docs/results/learning.md). A full
-    # fine-tune: 1e-3 under 10M parameters (a tiny LM: 5e-5 left one unchanged over 400 episodes, 1e-3 took
-    # its training success from 0.28 to 0.80), 1e-5 above. The value used is written into the checkpoint's
-    # config.json.
+    # None: by model kind (default_actor_lr): LoRA 2e-4; a full fine-tune 1e-3 under 10M parameters (a tiny
+    # LM trained from scratch), 1e-5 above. Why these: docs/results/learning.md, "Why the defaults". The
+    # value used is written into the checkpoint's config.json.
     actor_lr: float | None = None
     critic_lr: float = 1e-3
     weight_decay: float = 0.01
@@ -121,7 +103,7 @@ class SFTConfig:
     lr_schedule: str = "constant"  # "constant", or "cosine": decay to 0 after the warm-up
     length_buckets: bool = False  # mini-batches of rows of similar length (less padding), in shuffled order
     state_loss_coef: float = 0.0  # weight of a next-token loss on state tokens (question, passages), for
-    # models trained from scratch (capo_train.tiny_lm): it teaches them to read the world's text
+    # models trained from scratch (capo_train.models.tiny_lm): it teaches them to read the world's text
 
 
 @dataclass
@@ -153,10 +135,6 @@ class TrainConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
 
 
-class ConfigError(ValueError):
-    pass
-
-
 # ----------------------------------------------------------------------------- reading
 
 
@@ -180,12 +158,21 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     return value
 
 
-def _apply(obj: Any, updates: dict, prefix: str = "") -> None:
+def apply_updates(obj: Any, updates: dict, prefix: str = "") -> None:
+    """Set the values of a (nested) mapping on a config dataclass, each checked against its field's type.
+
+    Shared by every config this package reads (``TrainConfig``; ``capo compare``'s ``GridConfig``), so a
+    wrong key gets the same message everywhere: an unknown key names the closest known one, and a key a
+    dataclass lists in its ``RENAMED`` class attribute (``{old: new}``) names its new name. ``prefix``: how
+    the keys are shown in messages (``"base."`` for a grid's ``base`` section)."""
     fields = {f.name: f for f in dataclasses.fields(obj)}
     hints = typing.get_type_hints(type(obj))
+    renamed = getattr(type(obj), "RENAMED", {})
     for name, value in updates.items():
         key = prefix + name
         if name not in fields:
+            if name in renamed:
+                raise ConfigError(f"config key {key!r} was renamed; did you mean {prefix + renamed[name]!r}?")
             near = difflib.get_close_matches(name, list(fields), n=1)
             hint = f"; did you mean {prefix + near[0]!r}?" if near else f"; valid keys: {sorted(fields)}"
             raise ConfigError(f"unknown config key {key!r}{hint}")
@@ -193,7 +180,7 @@ def _apply(obj: Any, updates: dict, prefix: str = "") -> None:
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
                 raise ConfigError(f"{key} is a section; give it a mapping, not {value!r}")
-            _apply(current, value, key + ".")
+            apply_updates(current, value, key + ".")
         elif isinstance(current, dict) and isinstance(value, dict):
             # A mapping updates the one there key by key: `algo_overrides.clip_low=0.2` keeps the default
             # kl_coef and whiten_std_floor instead of silently dropping them.
@@ -271,150 +258,26 @@ def parse_overrides(pairs: Sequence[str]) -> dict:
     return nested
 
 
+def read_mapping(path: str | Path, what: str = "config keys") -> dict:
+    """A YAML file that holds a mapping (of ``what``), e.g. a ``--config`` or ``--grid`` file; empty: {}."""
+    data = read_yaml(path) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of {what}")
+    return data
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """The defaults, then the YAML file's keys, then the ``key=value`` overrides; checked (``validate``)."""
     config = TrainConfig()
     if path is not None:
-        data = read_yaml(path) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path} must hold a mapping of config keys")
-        _apply(config, data)
-    _apply(config, parse_overrides(overrides))
+        apply_updates(config, read_mapping(path))
+    apply_updates(config, parse_overrides(overrides))
     validate(config)
     return config
 
 
 def to_dict(config: TrainConfig) -> dict:
     return dataclasses.asdict(config)
-
-
-# ----------------------------------------------------------------------------- ranges
-
-Rule = tuple[Callable[[Any], bool], str]  # (accepts(value), what it accepts, for the message)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _int_at_least(low: int) -> Rule:
-    return (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low), f">= {low} (an integer)"
-
-
-def _number_above(low: float, *, inclusive: bool = False) -> Rule:
-    if inclusive:
-        return (lambda v: _is_number(v) and v >= low), f"a finite number >= {low}"
-    return (lambda v: _is_number(v) and v > low), f"a finite number > {low}"
-
-
-def _one_of(*options: Any) -> Rule:
-    return (lambda v: isinstance(v, str) and v in options), "one of " + ", ".join(map(repr, options))
-
-
-def _or_null(rule: Rule) -> Rule:
-    return (lambda v: v is None or rule[0](v)), f"{rule[1]}, or null"
-
-
-POSITIVE = _number_above(0)
-NON_NEGATIVE = _number_above(0, inclusive=True)
-UNIT = (lambda v: _is_number(v) and 0 <= v <= 1), "a number in [0, 1]"
-BOOL = (lambda v: isinstance(v, bool)), "true or false"
-NAME = (lambda v: isinstance(v, str) and v.strip() != ""), "a non-empty string"
-DTYPES = ("float32", "bfloat16", "float16")
-
-# Every TrainConfig value but the ones with checks of their own (algo, env.id, env.kwargs, algo_overrides)
-# and the booleans (typed when read). A test keeps this in step with the dataclasses.
-CONFIG_RULES: dict[str, Rule] = {
-    "iterations": _int_at_least(1),
-    "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-    "device": _one_of("auto", "cpu"),
-    "out_dir": NAME,
-    "eval_every": _int_at_least(0),
-    "eval_episodes": _int_at_least(0),
-    "record_every": _int_at_least(0),
-    "record_episodes": _int_at_least(1),
-    "model.path": NAME,
-    "model.dtype": _one_of(*DTYPES),
-    "model.lora_r": _int_at_least(1),
-    "model.lora_alpha": _int_at_least(1),
-    "model.lora_last_layers": _int_at_least(0),
-    "model.critic": _one_of("shared", "separate"),
-    "env.train_split": NAME,
-    "env.eval_split": NAME,
-    "rollout.episodes_per_batch": _int_at_least(1),
-    "rollout.tasks_per_batch": _int_at_least(0),
-    "rollout.group_size": _int_at_least(0),
-    "rollout.state": _one_of("concat", "window"),
-    "rollout.window": _int_at_least(0),
-    "rollout.layout": _one_of("packed", "per_action"),
-    "rollout.max_action_tokens": _int_at_least(1),
-    "rollout.max_prompt_tokens": _int_at_least(1),
-    "rollout.temperature": POSITIVE,
-    "rollout.env_pool": _one_of("serial", "thread", "process"),
-    "rollout.env_workers": _or_null(_int_at_least(1)),
-    "rollout.backend": _one_of("hf", "vllm"),
-    "rollout.vllm_gpu_memory_utilization": ((lambda v: _is_number(v) and 0 < v <= 1), "a number in (0, 1]"),
-    "rollout.recompute_logprobs": _or_null(BOOL),
-    "optim.actor_lr": _or_null(POSITIVE),
-    "optim.critic_lr": POSITIVE,
-    "optim.weight_decay": NON_NEGATIVE,
-    "optim.grad_clip": POSITIVE,
-    "optim.ppo_epochs": _int_at_least(1),
-    "optim.minibatch_rows": _int_at_least(1),
-    "sft.episodes": _int_at_least(0),
-    "sft.tasks": _int_at_least(0),
-    "sft.epochs": _int_at_least(1),
-    "sft.lr": POSITIVE,
-    "sft.minibatch_rows": _int_at_least(1),
-    "sft.warmup_frac": UNIT,
-    "sft.lr_schedule": _one_of("constant", "cosine"),
-    "sft.state_loss_coef": NON_NEGATIVE,
-}
-
-# Every hyperparameter an algorithm reads (its registry defaults and the keys it routes to its estimator
-# and loss: Algorithm.setting_names in capo_train/algorithms/registry.py). A test keeps this in step.
-ALGO_SETTING_RULES: dict[str, Rule] = {
-    "clip_low": POSITIVE,
-    "clip_high": POSITIVE,
-    "dual_clip": _or_null(_number_above(1)),  # null: off
-    "token_scale": _one_of("exact", "inv_len"),
-    "ratio_mode": _one_of("capo", "geomean", "sum"),
-    "max_log_ratio": POSITIVE,
-    "mu": _or_null((_is_number, "a finite number")),
-    "agg": _one_of("seq-mean-token-mean", "token-mean", "seq-mean-token-sum"),
-    "kl_coef": NON_NEGATIVE,
-    "kl_type": _one_of("k1", "kl", "k2", "mse", "k3", "low_var_kl"),
-    "kl_in_reward": BOOL,
-    "entropy_coef": NON_NEGATIVE,
-    "value_cliprange": POSITIVE,
-    "group_size": _int_at_least(1),
-    "gamma": UNIT,
-    "lam": UNIT,
-    "bootstrap_truncated": BOOL,
-    "whiten_advantages": BOOL,
-    "whiten_std_floor": NON_NEGATIVE,
-    "whiten_level": _one_of("token", "row"),
-    "norm_by_std": BOOL,
-    "eps": POSITIVE,
-    "omega": NON_NEGATIVE,
-    "step_norm": _one_of("mean_std", "mean"),
-}
-
-
-def _check(key: str, value: Any, rule: Rule) -> None:
-    accepts, what = rule
-    try:
-        ok = accepts(value)
-    except TypeError:  # a value of another type built in code (the YAML path types it first)
-        ok = False
-    if not ok:
-        raise ConfigError(f"{key} must be {what}, got {value!r}")
-
-
-def _value(config: TrainConfig, key: str) -> Any:
-    obj = config
-    for part in key.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 # ----------------------------------------------------------------------------- checks
@@ -426,7 +289,7 @@ def validate(config: TrainConfig) -> None:
     from .algorithms import ALGORITHMS
 
     for key, rule in CONFIG_RULES.items():
-        _check(key, _value(config, key), rule)
+        check_value(key, value_at(config, key), rule)
     if config.algo not in ALGORITHMS:
         raise ConfigError(f"unknown algorithm {config.algo!r}; choose one of {sorted(ALGORITHMS)}")
     if not isinstance(config.algo_overrides, dict):
@@ -436,7 +299,7 @@ def validate(config: TrainConfig) -> None:
             near = difflib.get_close_matches(str(name), list(ALGO_SETTING_RULES), n=1)
             hint = f"did you mean {near[0]!r}?" if near else f"known: {sorted(ALGO_SETTING_RULES)}"
             raise ConfigError(f"unknown algo_overrides key {name!r}; {hint}")
-        _check(f"algo_overrides.{name}", value, ALGO_SETTING_RULES[name])
+        check_value(f"algo_overrides.{name}", value, ALGO_SETTING_RULES[name])
     if config.env.kwargs is not None:
         if not isinstance(config.env.kwargs, dict):
             raise ConfigError(f"env.kwargs must be a mapping (or null), got {config.env.kwargs!r}")
@@ -515,8 +378,10 @@ def env_spec(env_id: str):
 
 
 def env_kwargs(env: EnvConfig) -> dict:
-    """The kwargs ``gym.make`` gets (besides ``split``): ``env.kwargs``, or when it is null the CPU preset of
-    ENV_PRESETS for that id, else none (the env's own defaults)."""
+    """The kwargs ``gym.make`` gets (besides ``split``): ``env.kwargs``, or when it is null the CPU preset that
+    the env's card declares (``capo envs`` lists them), else none (the env's own defaults)."""
     if env.kwargs is not None:
         return dict(env.kwargs)
-    return dict(ENV_PRESETS.get(env.id.rpartition(":")[2], {}))
+    from capo_envs.core.registry import cpu_preset
+
+    return cpu_preset(env.id)

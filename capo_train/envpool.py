@@ -5,14 +5,13 @@ episode. Those env calls are independent (each episode owns its env), so they ca
 
 - ``serial``: one after the other in the trainer's thread (the behaviour before pools existed).
 - ``thread`` (the default, ``rollout.env_pool``): a ``ThreadPoolExecutor`` of ``rollout.env_workers`` threads
-  in the trainer's process. Enough for envs that wait outside the GIL: ALFWorld's engine is already a child
-  process per env
-  (``capo_envs/alfworld/engine.py``), so its threads wait on pipes; retrievers over sockets likewise. This is
+  in the trainer's process. Enough for envs that wait outside the GIL: ALFWorld already plays each env's
+  game in a child process (``capo_envs/alfworld/engine.py``), so its threads wait on pipes; retrievers over sockets likewise. This is
   SkyRL's design (a ``ThreadPoolExecutor(max_env_workers)`` inside the generator process) and the one verl's
-  agent loops use (``asyncio.to_thread`` per step); ``../shared/docs/domain-scaleout.md`` section 4.
+  agent loops use (``asyncio.to_thread`` per step); docs/envpool.md.
 - ``process``: ``rollout.env_workers`` spawned worker processes, each holding a share of the envs
   (round-robin); the trainer holds a :class:`ProcessEnv` proxy per env, and a thread per call waits on the
-  worker's pipe. For envs that hold the GIL (pure-Python engines, BM25 scoring) or must not share the trainer's
+  worker's pipe. For envs that hold the GIL (pure-Python simulators, BM25 scoring) or must not share the trainer's
   process: a JVM started by pyjnius/pyserini in a parent breaks forked children (castorini/pyserini#15,
   #1761), hence ``spawn``, so each worker starts its own.
 
@@ -246,7 +245,7 @@ class _RemoteMethod:
 
 def serve(conn) -> None:
     """A worker's loop: ``(op, key, payload)`` requests in, ``("ok", value)`` or ``("error", exception)`` out.
-    Envs are built here, so whatever they start (engines, JVMs, indexes) belongs to this process."""
+    Envs are built here, so whatever they start (child processes, JVMs, indexes) belongs to this process."""
     import capo_envs  # noqa: F401  (registers the capo/* ids)
 
     envs: dict[int, gym.Env] = {}

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from .algorithms.losses import MAX_LOG_RATIO, action_log_ratio, clipped_surrogate, token_log_ratio
+from .rollout import episode_success, success_key
 
 EPISODES_DIR = "episodes"
 META = "meta.json"
@@ -200,8 +201,6 @@ class EpisodeRecorder:
 def write_episodes(path: Path, trajectories, iteration: int, tokenizer, env, split: str, credit=None) -> Path:
     """One JSON line per trajectory (see the module doc), written atomically; ``credit(i, t)`` gives the
     per-action numbers of trajectory i's action t (none for held-out episodes: they are not trained on)."""
-    from .rollout import episode_success, success_key
-
     protocol = getattr(getattr(env, "unwrapped", None), "protocol", None)
     key = success_key(trajectories)
     lines = []
@@ -241,7 +240,7 @@ def write_episodes(path: Path, trajectories, iteration: int, tokenizer, env, spl
 
 
 def held_out_recorder(config, iteration: int, tokenizer, env):
-    """For ``trainer.evaluate(on_trajectories=...)``: writes the held-out (greedy) episodes of the evaluation
+    """For ``evaluation.evaluate(on_trajectories=...)``: writes the held-out (greedy) episodes of the evaluation
     after RL iteration ``iteration`` (0: before RL) to ``episodes/eval-<iteration>.jsonl``; None when
     recording is off. A failure is a warning."""
     if not config.record_every:

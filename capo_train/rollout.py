@@ -6,22 +6,15 @@ The trainer knows an env only through the contract (README, "The environment con
 ``reset(options={"task_id": ...})`` (without it a task is a reset seed: :func:`env_tasks`). Everything the
 model saw and wrote is kept as token ids (:mod:`capo_train.rows`).
 
-States (what the policy is conditioned on at step t) come from one of two builders:
-
-- :class:`ConcatState` (``state="concat"``): ``state_{t+1} = state_t + action_t + obs_t``, a growing chat.
-  Every state is a prefix of the later ones, so the ``packed`` row layout applies.
-- :class:`WindowState` (``state="window"``): the prompt is rebuilt each step from the task, the last
-  ``k`` (observation, action) pairs and the current observation, as the CAPO recipes do for ALFWorld and
-  WebShop (the authors' code: AgentR1/CAPO, ``recipe/<env>/``). Only the ``per_action`` layout applies.
-
-Both write text through :class:`ChatFormat`: the tokenizer's chat template when it has one, otherwise a
-plain ``User: ... / Assistant:`` format.
+What the policy is conditioned on at step t (the state) is built by :mod:`capo_train.states`:
+``rollout.state=concat`` (a growing chat) or ``window`` (a prompt rebuilt each step).
 """
 
 from __future__ import annotations
 
 import math
 import random
+import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
@@ -32,144 +25,11 @@ from .backends.base import GenerationBackend
 from .config import RolloutConfig
 from .envpool import EnvPool, pool_map
 from .rows import ActionRecord, Trajectory
+from .states import ChatFormat, ConcatState, WindowState
 
 # Tasks of an env without task_ids(): task i is reset seed i, training from seed 0 and held-out
 # evaluation from seed HELD_OUT_SEED (disjoint ranges of that many seeds each).
 HELD_OUT_SEED = 1_000_000
-PLAIN_FIRST = "User: {obs}\nAssistant:"  # after "{system}\n\n" when there is a system prompt
-PLAIN_TURN = "\nUser: {obs}\nAssistant:"
-
-
-class ChatFormat:
-    """Token pieces of a conversation: the first state, and the tokens that follow an action.
-
-    With a chat template, the pieces are differences of templated token lists of a small reference chat,
-    so that ``first(system, o0) + a0 + next_turn(a0, o1) + a1 + ...`` equals templating the whole
-    conversation whenever the action ids are the tokenisation of their text and the template does not
-    rewrite earlier turns (Qwen3's template, for one, drops old ``<think>`` blocks; the concatenated
-    state then stays what the model actually saw, which is what matters for training):
-
-    - ``close``: what ends an assistant turn (e.g. ``<|im_end|>\\n``), from the templated reference chat
-      minus the same chat with its last message left open (``continue_final_message``).
-    - a user turn with the observation, plus the next assistant header: templated chat with the user
-      message and generation prompt, minus the chat without them.
-
-    If the action already ends with the first close token (the model sampled its end-of-turn EOS), that
-    token is not repeated. Without a chat template: ``bos + "{system}\\n\\nUser: {obs}\\nAssistant:"``, then
-    ``"\\nUser: {obs}\\nAssistant:"`` after each action (the action's EOS, if sampled, stays in the state).
-
-    Env text (system prompt, observations) never becomes control tokens: a passage that contains
-    ``<|im_end|>`` could otherwise close the user turn and forge an assistant turn. Each special token's
-    text gets a zero-width space after its first character, so it reads the same but tokenises as text.
-    """
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        specials = set(getattr(tokenizer, "all_special_tokens", []))
-        specials |= {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
-        self._defuse = {t: t[0] + "\u200b" + t[1:] for t in sorted(specials, key=len, reverse=True) if len(t) > 1}
-        self.templated = getattr(tokenizer, "chat_template", None) is not None
-        self.close: list[int] = []
-        if self.templated:
-            self._ref = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
-            self._ref_ids = self._template(self._ref)
-            self.close = _suffix(self._ref_ids, self._template(self._ref, continue_final_message=True), "a closed turn")
-
-    def _template(self, messages: list[dict[str, str]], **kwargs: Any) -> list[int]:
-        return list(self.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False, **kwargs))
-
-    def text(self, env_text: str) -> str:
-        """``env_text`` with every special token's text defused (see the class docstring)."""
-        for token, safe in self._defuse.items():
-            if token in env_text:
-                env_text = env_text.replace(token, safe)
-        return env_text
-
-    def first(self, system: str, obs: str) -> list[int]:
-        """The first state: system prompt, first observation, assistant header."""
-        system, obs = self.text(system), self.text(obs)
-        if self.templated:
-            messages = [{"role": "system", "content": system}] if system else []
-            return self._template(messages + [{"role": "user", "content": obs}], add_generation_prompt=True)
-        bos = [self.tokenizer.bos_token_id] if self.tokenizer.bos_token_id is not None else []
-        text = (f"{system}\n\n" if system else "") + PLAIN_FIRST.format(obs=obs)
-        return bos + self.tokenizer.encode(text, add_special_tokens=False)
-
-    def next_turn(self, action_ids: Sequence[int], obs: str) -> list[int]:
-        """Tokens between an action and the next one: end of the assistant turn, user turn, header."""
-        obs = self.text(obs)
-        if not self.templated:
-            return self.tokenizer.encode(PLAIN_TURN.format(obs=obs), add_special_tokens=False)
-        full = self._template(self._ref + [{"role": "user", "content": obs}], add_generation_prompt=True)
-        turn = _suffix(full, self._ref_ids, "a user turn")
-        closed_by_model = bool(self.close) and bool(action_ids) and action_ids[-1] == self.close[0]
-        return (self.close[1:] if closed_by_model else self.close) + turn
-
-
-def _suffix(full: list[int], prefix: list[int], what: str) -> list[int]:
-    if full[: len(prefix)] != prefix:
-        raise ValueError(
-            f"the chat template does not extend a conversation token by token when adding {what}; "
-            "concatenated states cannot be built from it (use a tokenizer without a chat template, or fix it)"
-        )
-    return full[len(prefix) :]
-
-
-class ConcatState:
-    """``state_{t+1} = state_t + action_ids_t + obs_ids_t``; the first state is ``fmt.first(system, obs0)``."""
-
-    def __init__(self, fmt: ChatFormat, system: str, first_obs: str):
-        self.fmt = fmt
-        self.ids = fmt.first(system, first_obs)
-
-    def prompt(self) -> list[int]:
-        return self.ids
-
-    def advance(self, action_ids: list[int], action_text: str, obs: str) -> list[int]:
-        """Append an action and the observation that followed; return the observation's tokens."""
-        obs_ids = self.fmt.next_turn(action_ids, obs)
-        self.ids = self.ids + action_ids + obs_ids
-        return obs_ids
-
-
-class WindowState:
-    """A prompt rebuilt every step: the task (first observation), the last ``k`` (observation, action)
-    pairs, the current observation, in one user message after the system prompt.
-
-    The history's actions appear as their decoded text: they are part of a state here, not the action
-    being trained, so re-tokenising them is harmless. ``advance`` still returns the observation's chat
-    tokens, so records look the same in both modes.
-    """
-
-    def __init__(self, fmt: ChatFormat, system: str, first_obs: str, k: int):
-        if k < 0:
-            raise ValueError(f"window must be >= 0, got {k}")
-        self.fmt, self.system, self.task, self.k = fmt, system, first_obs, k
-        self.history: list[tuple[str, str]] = []  # (observation before the action, action text)
-        self.current = first_obs
-
-    def prompt(self) -> list[int]:
-        return self.fmt.first(self.system, self.text())
-
-    def text(self) -> str:
-        """The user message. Step 1's observation is the task itself, so it is not repeated."""
-        if not self.history:
-            return self.task
-        parts = [f"Task:\n{self.task}"]
-        for i in range(max(0, len(self.history) - self.k), len(self.history)):
-            observation, action = self.history[i]
-            if i > 0:
-                parts.append(f"Step {i + 1} observation:\n{observation}")
-            parts.append(f"Step {i + 1} action:\n{action}")
-        parts.append(f"Current observation (step {len(self.history) + 1}):\n{self.current}")
-        return "\n\n".join(parts)
-
-    def advance(self, action_ids: list[int], action_text: str, obs: str) -> list[int]:
-        self.history.append((self.current, action_text))
-        self.current = obs
-        return self.fmt.next_turn(action_ids, obs)
-
-
 def has_task_ids(env: gym.Env) -> bool:
     return callable(getattr(env.unwrapped, "task_ids", None))
 
@@ -267,6 +127,7 @@ def collect(
     task_ids: Sequence[str] | None = None,
     task_pool: Sequence[str] | None = None,
     env_pool: EnvPool | None = None,
+    timings: dict[str, float] | None = None,
 ) -> list[Trajectory]:
     """Run ``tasks_per_batch x group_size`` episodes and return their trajectories (in episode order).
 
@@ -293,7 +154,11 @@ def collect(
     threads, or in worker processes for the envs it made); without one they run one after the other. Every
     seed is drawn before the calls and results are recorded in episode order, so the trajectories are the
     same whatever the pool.
+
+    ``timings``: adds the seconds spent in ``backend.generate`` (``"generate_s"``) and in the envs' resets
+    and steps (``"env_s"``) to it; the rest of the rollout builds the states (chat templates, tokens).
     """
+    timings = {} if timings is None else timings
     rng = random.Random(seed)
     n_episodes = tasks_per_batch * group_size
     own_envs = callable(envs)
@@ -315,7 +180,8 @@ def collect(
         for wave in range(0, n_episodes, len(pool)):
             starts = [(pool[slot], task_ids[e // group_size], rng.randrange(2**31), e)
                       for slot, e in enumerate(range(wave, min(wave + len(pool), n_episodes)))]
-            firsts = pool_map(env_pool, lambda s: reset_env(s[0], s[1], seed=s[2]), starts)
+            with _timed(timings, "env_s"):
+                firsts = pool_map(env_pool, lambda s: reset_env(s[0], s[1], seed=s[2]), starts)
             live = []
             for (env, task_id, episode_seed, e), first in zip(starts, firsts):
                 episode = start_episode(env, fmt, task_id, seed=episode_seed, traj_id=e, group_id=e // group_size,
@@ -324,7 +190,8 @@ def collect(
                 trajectories.append(episode.traj)
                 live.append(episode)
             while live:
-                live = _turn(live, backend, rng, settings, seeded=seed is not None, env_pool=env_pool)
+                live = _turn(live, backend, rng, settings, seeded=seed is not None, env_pool=env_pool,
+                             timings=timings)
     finally:
         if own_envs:
             for env in pool:
@@ -332,8 +199,21 @@ def collect(
     return trajectories
 
 
+class _timed:
+    """``with _timed(timings, key):`` adds the block's wall seconds to ``timings[key]``."""
+
+    def __init__(self, timings: dict[str, float], key: str):
+        self.timings, self.key = timings, key
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.timings[self.key] = self.timings.get(self.key, 0.0) + time.perf_counter() - self.start
+
+
 def _turn(live: list[_Episode], backend: GenerationBackend, rng: random.Random, settings: RolloutSettings,
-          seeded: bool, env_pool: EnvPool | None = None) -> list[_Episode]:
+          seeded: bool, env_pool: EnvPool | None = None, timings: dict[str, float] | None = None) -> list[_Episode]:
     """One action for every live episode; returns the episodes still running."""
     by_stop: dict[tuple[str, ...], list[tuple[_Episode, list[int]]]] = defaultdict(list)
     for ep in live:
@@ -345,17 +225,21 @@ def _turn(live: list[_Episode], backend: GenerationBackend, rng: random.Random, 
             continue
         by_stop[ep.stop].append((ep, prompt))
 
+    timings = {} if timings is None else timings
     still: list[_Episode] = []
     for stop, items in by_stop.items():
-        generations = backend.generate(
-            [prompt for _, prompt in items],
-            stop=list(stop),
-            max_new_tokens=settings.max_action_tokens,
-            temperature=settings.temperature,
-            greedy=settings.greedy,
-            seed=rng.randrange(2**31) if seeded else None,
-        )
-        results = pool_map(env_pool, lambda pair: pair[0][0].env.step(pair[1].text), list(zip(items, generations)))
+        with _timed(timings, "generate_s"):
+            generations = backend.generate(
+                [prompt for _, prompt in items],
+                stop=list(stop),
+                max_new_tokens=settings.max_action_tokens,
+                temperature=settings.temperature,
+                greedy=settings.greedy,
+                seed=rng.randrange(2**31) if seeded else None,
+            )
+        with _timed(timings, "env_s"):
+            results = pool_map(env_pool, lambda pair: pair[0][0].env.step(pair[1].text),
+                               list(zip(items, generations)))
         for (ep, prompt), gen, result in zip(items, generations, results):
             if step_episode(ep, prompt, gen.token_ids, gen.logprobs, gen.text, settings.max_prompt_tokens,
                             result=result):

@@ -1,7 +1,7 @@
 """Warm start: behaviour-clone an env's expert on the same rows and masks the RL loop uses.
 
 A small instruct model prompted with the action format rarely writes a well-formed action (SmolLM2-135M:
-0 of 12 samples), so RL from it would see no reward. Cloning the expert's actions first gives RL a policy
+docs/results/learning.md, section 1), so RL from it would see no reward. Cloning the expert's actions first gives RL a policy
 that acts in the env's format; the loss is the negative log-likelihood of the expert's action tokens only
 (states and observations are masked exactly as in RL).
 """
@@ -17,11 +17,13 @@ from collections.abc import Sequence
 import gymnasium as gym
 import torch
 
+from data_prep.progress import SILENT, Progress, duration
+
 from .config import TrainConfig
 from .models import ActorCritic
-from .progress import SILENT, Progress, duration
-from .rollout import ChatFormat, env_tasks, episode_success, has_task_ids, start_episode, step_episode, success_key
+from .rollout import env_tasks, episode_success, has_task_ids, start_episode, step_episode, success_key
 from .rows import RowBatch, Trajectory, build_rows, gather_actions, minibatches, select_rows
+from .states import ChatFormat
 
 
 def expert_trajectories(

@@ -4,16 +4,20 @@ What ``alfworld-download`` fetches (ALFWorld ``scripts/alfworld-download``), as 
 ``json_2.1.1_json.zip`` (traj_data.json) and ``json_2.1.1_pddl.zip`` (initial_state.pddl) from release 0.2.2,
 and the games: ``json_2.1.2_tw-pddl.zip`` from release 0.4.0, the ones the PyPI ``alfworld`` 0.4.2 engine
 downloads (``--games 2.1.3``: release 0.4.2's, what the repository's HEAD downloads; ``--games 2.1.1``: the
-old-grammar games of alfworld <= 0.3). All three unpack into ``json_2.1.1/``. No checksum is published for
-any of them, so each archive is checked by the CRC of every member, and its sha256 is recorded in the
-manifest (``capo data verify`` re-checks it).
+old-grammar games of alfworld <= 0.3). All three unpack into ``json_2.1.1/``. ALFWorld publishes no
+checksum (GitHub records no digest for these assets), so each archive is pinned by the sha256 and size that
+independent public records of the downloaded assets agree on (``note`` of each :class:`Remote`): a mirror
+or a changed upstream file is refused, and the manifest records the sha256 (``capo data verify`` re-checks
+it). The archives are unpacked under the caps of ``data_prep.archive`` (size, member count, ratio).
 
 Result: ``$CAPO_DATA_DIR/alfworld/{raw/<archives>, json_2.1.1/<split>/<task>/<trial>/, logic/, games.json,
 manifest.json}``, the ``$ALFWORLD_DATA`` layout plus ``games.json``, the index of playable games by split
-and task type (the env reads it instead of parsing every traj_data.json). Downloads resume (``data_prep.download``); the tree is built in a temporary
-folder and moved into place, and ``manifest.json`` (game counts per split after the official loader's filter,
-per task type, and why the other folders are skipped) is written last: an interrupted run leaves no dataset,
-and a rerun resumes.
+and task type (the env reads it instead of parsing every traj_data.json). Downloads wait in
+``$CAPO_DATA_DIR/.downloads/alfworld/`` and resume (``data_prep.download``); the dataset is built in
+``alfworld.tmp-<pid>/`` beside any earlier one (``data_prep.building``), ``manifest.json`` (game counts per
+split after the official loader's filter, per task type, and why the other folders are skipped) written
+last, and renamed into place only on success: an interrupted or refused run, ``--force`` included, leaves
+the earlier dataset as it was, and a rerun resumes.
 """
 
 from __future__ import annotations
@@ -22,54 +26,56 @@ import argparse
 import logging
 import os
 import shutil
-import sys
 import time
-import zipfile
 from collections import Counter
 from pathlib import Path
 
-from capo_envs.alfworld.games import GAMES_FOLDER, INDEX, OFFICIAL_COUNTS, SPLITS, collect, write_index
-from capo_envs.core.paths import data_dir as default_data_dir
-
-from .archive import extract
-from .download import DownloadError, download, sha256_file
-from .manifest import read_manifest, write_manifest
-from .sources import mirrored
+from capo_envs.alfworld.games import GAMES_FOLDER, OFFICIAL_COUNTS, SPLITS, collect, write_index
+from .archive import ArchiveError, extract
+from .building import PrepareError, building, data_root, link_or_copy
+from .download import forget
+from .manifest import is_complete, read_manifest, write_manifest
+from .sources import MIRROR_ENV, Remote, fetch, mirrored
 
 log = logging.getLogger(__name__)
 
 NAME = "alfworld"
+DATASETS = (NAME,)
 RELEASES = "https://github.com/alfworld/alfworld/releases/download"
-ARCHIVES = {
-    "json": f"{RELEASES}/0.2.2/json_2.1.1_json.zip",
-    "pddl": f"{RELEASES}/0.2.2/json_2.1.1_pddl.zip",
+# GitHub gives no digest for these assets and ALFWorld publishes none: the pins are the sha256 and size
+# that public records of the downloaded assets give (other projects' data manifests, READMEs and tests,
+# found through a code search); how many independent records agree is in each note.
+_OBSERVED = "no published checksum; sha256 and size as {} independent public records of the downloaded asset give"
+ARCHIVES: dict[str, Remote] = {
+    "json": Remote(f"{RELEASES}/0.2.2/json_2.1.1_json.zip", "json_2.1.1_json.zip",
+                   sha256="25171f16e20ad7b048c47275c45b0babf3aa1cbab29cec97387922350a9844bc", size=72_018_818,
+                   note=_OBSERVED.format("five")),
+    "pddl": Remote(f"{RELEASES}/0.2.2/json_2.1.1_pddl.zip", "json_2.1.1_pddl.zip",
+                   sha256="913942ebed06659ea0da2f8122512d98bc6add30d84961ca803132d8fbcad585", size=34_881_784,
+                   note=_OBSERVED.format("four")),
 }
-GAMES = {
-    "2.1.2": f"{RELEASES}/0.4.0/json_2.1.2_tw-pddl.zip",  # PyPI alfworld 0.4.2
-    "2.1.3": f"{RELEASES}/0.4.2/json_2.1.3_tw-pddl.zip",  # alfworld HEAD (0.5.0)
-    "2.1.1": f"{RELEASES}/0.2.2/json_2.1.1_tw-pddl.zip",  # alfworld <= 0.3.x (put in/on, "loc N")
+GAMES: dict[str, Remote] = {
+    "2.1.2": Remote(f"{RELEASES}/0.4.0/json_2.1.2_tw-pddl.zip", "json_2.1.2_tw-pddl.zip",  # PyPI alfworld 0.4.2
+                    sha256="eea90499df27b9cb3147d1d1927264146d38194b575e25f70a82875545742dcb", size=36_493_542,
+                    note=_OBSERVED.format("one (its size: two)")),
+    "2.1.3": Remote(f"{RELEASES}/0.4.2/json_2.1.3_tw-pddl.zip", "json_2.1.3_tw-pddl.zip",  # alfworld HEAD (0.5.0)
+                    sha256="5df77ea759f2211a4106082839ddbbb790f1ba4e7d097ed732cf453f72aa36cf", size=36_507_267,
+                    note=_OBSERVED.format("several")),
+    "2.1.1": Remote(f"{RELEASES}/0.2.2/json_2.1.1_tw-pddl.zip", "json_2.1.1_tw-pddl.zip",  # alfworld <= 0.3.x
+                    sha256="d376c4bbb097c068528a2a9805e358e4cd14bc75c4d68a24e5141aebd234ef67", size=45_059_629,
+                    note=_OBSERVED.format("one") + "; the asset was replaced on 2024-02-29, this is the new one"),
 }
 
 
-class PrepareError(RuntimeError):
-    pass
+def archive_sources(games: str = "2.1.2") -> dict[str, Remote]:
+    """The three downloads of one ``--games`` choice, by role (json, pddl, tw-pddl)."""
+    if games not in GAMES:
+        raise ValueError(f"--games must be one of {sorted(GAMES)}, got {games!r}")
+    return {**ARCHIVES, "tw-pddl": GAMES[games]}
 
 
 def archive_urls(games: str = "2.1.2", base_url: str | None = None) -> dict[str, str]:
-    if games not in GAMES:
-        raise ValueError(f"--games must be one of {sorted(GAMES)}, got {games!r}")
-    return {name: mirrored(url, base_url) for name, url in {**ARCHIVES, "tw-pddl": GAMES[games]}.items()}
-
-
-def check_zip(path: Path) -> None:
-    """Every member's CRC: the release publishes no checksum, so this is what says the bytes are whole."""
-    try:
-        with zipfile.ZipFile(path) as zf:
-            bad = zf.testzip()
-    except zipfile.BadZipFile as error:
-        raise PrepareError(f"{path.name} is not a valid zip archive ({error}); delete it and rerun") from None
-    if bad is not None:
-        raise PrepareError(f"{path.name}: member {bad} fails its CRC check; delete the archive and rerun")
+    return {name: mirrored(remote.url, base_url) for name, remote in archive_sources(games).items()}
 
 
 def merge_tree(src: Path, dest: Path) -> int:
@@ -117,96 +123,78 @@ def game_counts(root: Path) -> dict:
     return counts
 
 
-def prepare_alfworld(
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``capo data prepare alfworld`` beyond the common ones; each is a keyword of :func:`prepare`."""
+    parser.add_argument("--games", default="2.1.2", choices=sorted(GAMES),
+                        help="which release of the game files (default 2.1.2: the one alfworld 0.4.2 uses)")
+
+
+def prepare(
+    name: str = NAME,
     *,
     data_dir: str | Path | None = None,
-    games: str = "2.1.2",
-    base_url: str | None = None,
     force: bool = False,
+    base_url: str | None = None,
     progress: bool = True,
+    games: str = "2.1.2",
 ) -> Path:
-    root = Path(data_dir).expanduser() if data_dir else default_data_dir()
+    """Download the release archives (resumed, checked against their pins), unpack them (capped), index the
+    playable games and write the manifest last, all in a build folder that replaces ``<data_dir>/alfworld``
+    only on success; returns it. A prepared folder is left alone unless ``force``."""
+    if name != NAME:
+        raise KeyError(f"unknown dataset {name!r}; known: {NAME}")
+    root = data_root(data_dir)
     target = root / NAME
-    if read_manifest(target) is not None and not force:
+    if is_complete(target) and not force:
         log.info("alfworld is already prepared in %s (use --force to rebuild)", target)
         return target
-    urls = archive_urls(games, base_url)
-    raw = target / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    (target / "manifest.json").unlink(missing_ok=True)
-    (target / INDEX).unlink(missing_ok=True)
-
-    archives: dict[str, Path] = {}
-    for name, url in urls.items():
-        path = download(url, raw / url.rsplit("/", 1)[-1].split("?")[0], progress=progress, force=force)
-        check_zip(path)
-        archives[name] = path
-
-    build = target / f".build-{os.getpid()}"
-    shutil.rmtree(build, ignore_errors=True)
-    try:
-        for name, path in archives.items():
-            unpacked = extract(path, build / f"unpacked-{name}")
-            moved = merge_tree(unpacked, build / "tree")
+    remotes = archive_sources(games)
+    cache = root / ".downloads" / NAME
+    with building(root, NAME) as build:
+        fetched = {role: fetch(remote, cache, base_url=base_url, progress=progress, force=force,
+                               pinned_in="data_prep/alfworld.py") for role, remote in remotes.items()}
+        (build / "raw").mkdir()
+        for role, (_, path) in fetched.items():
+            try:
+                unpacked = extract(path, build / f".unpacked-{role}")
+            except ArchiveError:
+                forget(path)  # a rerun fetches it again rather than refusing the same bytes
+                raise
+            moved = merge_tree(unpacked, build / ".tree")
             shutil.rmtree(unpacked)
             log.info("%s: %d files", path.name, moved)
-        if not (build / "tree" / GAMES_FOLDER).is_dir():
+            link_or_copy(path, build / "raw" / path.name)
+        if not (build / ".tree" / GAMES_FOLDER).is_dir():
             raise PrepareError(f"the archives hold no {GAMES_FOLDER}/ folder: not ALFWorld's release layout")
-        shutil.rmtree(target / GAMES_FOLDER, ignore_errors=True)
-        os.replace(build / "tree" / GAMES_FOLDER, target / GAMES_FOLDER)
-    finally:
-        shutil.rmtree(build, ignore_errors=True)
-    logic = copy_logic(target)
-    counts = game_counts(target)
-    if not any(c["games"] for c in counts.values()):
-        raise PrepareError(f"no playable game in {target / GAMES_FOLDER}: {counts}")
-    files = {f"raw/{p.name}": {"sha256": sha256_file(p), "bytes": p.stat().st_size} for p in archives.values()}
-    write_manifest(target, {
-        "name": NAME,
-        "format": 1,
-        "prepared": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "games_version": games,
-        "sources": {name: url for name, url in urls.items()},
-        "files": files,
-        "logic": logic,
-        "splits": counts,
-    })  # fmt: skip
+        os.replace(build / ".tree" / GAMES_FOLDER, build / GAMES_FOLDER)
+        shutil.rmtree(build / ".tree")
+        logic = copy_logic(build)
+        counts = game_counts(build)
+        if not any(c["games"] for c in counts.values()):
+            raise PrepareError(f"no playable game in the archives' {GAMES_FOLDER}/: {counts}")
+        files = {f"raw/{path.name}": {"sha256": record["sha256"], "bytes": record["bytes"]}
+                 for record, path in fetched.values()}
+        write_manifest(build, {
+            "name": NAME,
+            "format": 1,
+            "prepared": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "games_version": games,
+            "mirror": base_url or os.environ.get(MIRROR_ENV) or None,
+            "sources": {role: record for role, (record, _) in fetched.items()},
+            "files": files,
+            "logic": logic,
+            "splits": counts,
+        })  # fmt: skip
+    shutil.rmtree(cache, ignore_errors=True)
     for split, c in counts.items():
         log.info("%s: %d playable games (official: %d)", split, c["games"], c["official"])
     return target
 
 
-def data_info(data_dir: str | Path | None = None) -> list[dict]:
-    """What ``capo data list|verify`` need: the folder :func:`prepare_alfworld` writes, with playable games per
+def data_info(name: str = NAME, data_dir: str | Path | None = None) -> list[dict]:
+    """What ``capo data list|verify`` need: the folder :func:`prepare` writes, with playable games per
     split. Its manifest hashes the release archives in ``raw/``, not the tree unpacked from them."""
-    target = (Path(data_dir).expanduser() if data_dir else default_data_dir()) / NAME
+    target = data_root(data_dir) / NAME
     manifest = read_manifest(target)
     return [{"name": NAME, "path": target, "prepared": manifest is not None, "prepare": "capo data prepare alfworld",
              "counts": {f"{split} games": c["games"] for split, c in (manifest or {}).get("splits", {}).items()}}]
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="capo data prepare alfworld", description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-dir", help="where datasets live (default $CAPO_DATA_DIR or ~/.cache/capo)")
-    p.add_argument("--games", default="2.1.2", choices=sorted(GAMES),
-                   help="which release of the game files (default 2.1.2: the one alfworld 0.4.2 uses)")  # fmt: skip
-    p.add_argument("--mirror", help="replace the download host with this base URL (or set $CAPO_DATA_MIRROR)")
-    p.add_argument("--force", action="store_true", help="download and rebuild even if prepared")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    return p
-
-
-def prepare_main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        path = prepare_alfworld(data_dir=args.data_dir, games=args.games, base_url=args.mirror,
-                                force=args.force, progress=not args.quiet)  # fmt: skip
-    except (DownloadError, PrepareError, ValueError, OSError) as error:
-        print(f"capo data prepare alfworld: {error}", file=sys.stderr)
-        return 1
-    counts = read_manifest(path)["splits"]
-    print(f"alfworld prepared in {path}: " + ", ".join(f"{s} {c['games']}" for s, c in counts.items()))
-    return 0
-
-
-__all__ = ["prepare_main", "prepare_alfworld", "archive_urls", "game_counts", "data_info"]

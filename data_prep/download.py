@@ -25,7 +25,7 @@ import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
 
-from capo_train.progress import progress_bar
+from .progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +134,18 @@ def _open_file(url: str, start: int, timeout: float) -> http.client.HTTPResponse
     return response
 
 
-def _fetch_once(url: str, part: Path, timeout: float, progress: bool, desc: str) -> bool:
-    """Append the missing bytes to ``part``; raises _Retryable when the connection drops early.
+def _too_large(url: str, part: Path, cap: int, pinned: bool, announced: int | None = None) -> ChecksumError:
+    part.unlink(missing_ok=True)
+    what = f"more than its pinned size of {cap:,} bytes" if pinned else f"more than the cap of {cap:,} bytes"
+    said = f" (the server announces {announced:,})" if announced is not None else ""
+    return ChecksumError(f"{url}: the file is {what}{said}; deleted what arrived. The source changed or the mirror "
+                         f"is wrong.")
+
+
+def _fetch_once(url: str, part: Path, timeout: float, progress: bool, desc: str,
+                cap: tuple[int, bool] | None = None) -> bool:
+    """Append the missing bytes to ``part``; raises _Retryable when the connection drops early, and
+    :class:`ChecksumError` as soon as more than ``cap`` (bytes, whether it is a pinned size) arrives.
 
     Returns whether the server vouched for the length: it announced one and ``part`` has it, or it
     answered 416 to a Range request from the end of ``part``."""
@@ -154,13 +164,18 @@ def _fetch_once(url: str, part: Path, timeout: float, progress: bool, desc: str)
             start, mode = 0, "wb"
             length = response.headers.get("Content-Length")
             total = int(length) if length is not None else None
+        if cap is not None and total is not None and total > cap[0]:
+            raise _too_large(url, part, *cap, announced=total)
         written = start
         with open(part, mode) as out, progress_bar(desc=desc, total=total, initial=start, unit="B", tag="capo data",
                                                    file=sys.stderr, disable=not progress) as bar:
             try:
                 for chunk in iter(lambda: response.read(CHUNK), b""):
-                    out.write(chunk)
                     written += len(chunk)
+                    if cap is not None and written > cap[0]:
+                        out.close()
+                        raise _too_large(url, part, *cap)
+                    out.write(chunk)
                     bar.update(len(chunk))
             except (OSError, http.client.HTTPException) as e:
                 raise _Retryable(f"{url}: connection lost after {written} bytes ({e})") from None
@@ -226,6 +241,14 @@ def _cached(dest: Path, sha256: str | None, size: int | None) -> bool:
     return complete
 
 
+def forget(dest: str | Path) -> None:
+    """Delete a download and its completeness record (a file found bad after it arrived), so the next
+    :func:`download` of it fetches it again."""
+    dest = Path(dest)
+    for path in (dest, _record_path(dest)):
+        path.unlink(missing_ok=True)
+
+
 def download(
     url: str,
     dest: str | Path,
@@ -236,8 +259,12 @@ def download(
     retries: int = 3,
     timeout: float = 60,
     force: bool = False,
+    max_bytes: int | None = None,
 ) -> Path:
     """Download ``url`` to ``dest`` and return ``dest``; a complete earlier ``dest`` is kept unless ``force``.
+
+    A file larger than ``size`` (when pinned) or ``max_bytes`` is refused as soon as the server announces
+    or sends more, so a wrong or hostile host cannot fill the disk.
 
     Network failures are retried ``retries`` times, each resuming the ``.part`` file; a checksum or
     size mismatch deletes the ``.part`` and raises :class:`ChecksumError` (no retry: it would repeat).
@@ -252,11 +279,12 @@ def download(
     if _cached(dest, sha256, size):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    if size is not None and part.exists() and part.stat().st_size > size:
+    cap = (size, True) if size is not None else (max_bytes, False) if max_bytes is not None else None
+    if cap is not None and part.exists() and part.stat().st_size > cap[0]:
         part.unlink()
     for attempt in range(retries + 1):
         try:
-            vouched = _fetch_once(url, part, timeout, progress, dest.name)
+            vouched = _fetch_once(url, part, timeout, progress, dest.name, cap)
             break
         except (_Retryable, urllib.error.URLError, TimeoutError, ConnectionError) as e:
             if attempt == retries:

@@ -36,16 +36,32 @@ def write_manifest(root: Path, manifest: dict) -> Path:
 
 
 def read_manifest(root: Path) -> dict | None:
+    """The manifest of ``root``, or None when there is none or it is not a JSON object (a damaged or
+    hand-edited one): such a folder reads as not prepared, and ``capo data prepare`` rebuilds it."""
     path = root / MANIFEST
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return manifest if isinstance(manifest, dict) else None
+
+
+def is_complete(root: Path) -> bool:
+    """Whether ``root`` holds a prepared dataset: a readable manifest (written last)."""
+    return read_manifest(root) is not None
 
 
 def verify_files(root: Path, manifest: dict) -> list[str]:
     """Re-hash every file the manifest lists; returns one line per missing or changed file."""
     problems = []
-    for rel, expected in manifest.get("files", {}).items():
+    files = manifest.get("files", {})
+    for rel, expected in (files.items() if isinstance(files, dict) else ()):
         path = root / rel
-        if not path.is_file():
+        if not isinstance(expected, dict) or not {"bytes", "sha256"} <= set(expected):
+            problems.append(f"unreadable record: {rel}")
+        elif not path.is_file():
             problems.append(f"missing: {rel}")
         elif path.stat().st_size != expected["bytes"] or sha256_file(path) != expected["sha256"]:
             problems.append(f"changed: {rel}")

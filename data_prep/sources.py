@@ -1,4 +1,5 @@
-"""Where every dataset is downloaded from, in one table, and how a mirror replaces the hosts.
+"""A download (:class:`Remote`), how a mirror replaces its host, and :func:`fetch`; ``SOURCES``: the QA
+datasets' downloads (the other domains keep their tables in their own modules).
 
 ``sha256``/``size`` are pinned only where a published record of them was found (see ``note``);
 otherwise the sha256 is computed after download and recorded in the dataset's manifest.
@@ -7,11 +8,15 @@ otherwise the sha256 is computed after download and recorded in the dataset's ma
 
 from __future__ import annotations
 
+import logging
 import os
 import urllib.parse
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from .download import gdrive_url
+from .download import download, gdrive_url, sha256_file
+
+log = logging.getLogger(__name__)
 
 MIRROR_ENV = "CAPO_DATA_MIRROR"
 
@@ -25,6 +30,7 @@ class Remote:
     archive: bool = False  # extract it, then keep only the dataset's official files
     members: dict[str, str] = field(default_factory=dict)  # file name inside the archive -> sha256
     note: str = ""
+    max_bytes: int | None = None  # without a pinned size: the most bytes a download may bring
 
 
 SOURCES: dict[str, tuple[Remote, ...]] = {
@@ -69,7 +75,7 @@ SOURCES: dict[str, tuple[Remote, ...]] = {
         Remote(
             "https://huggingface.co/datasets/PeterJinGo/wiki-18-corpus/resolve/main/wiki-18.jsonl.gz",
             "wiki-18.jsonl.gz",
-            note="Search-R1's retrieval corpus (PeterGriffinJin/Search-R1 scripts/download.py); no checksum seen",
+            note="Search-R1's retrieval corpus (https://github.com/PeterGriffinJin/Search-R1/blob/main/scripts/download.py); no checksum seen",
         ),
     ),
 }
@@ -86,3 +92,23 @@ def mirrored(url: str, base_url: str | None = None) -> str:
         return url
     parts = urllib.parse.urlsplit(url)
     return base.rstrip("/") + parts.path + (f"?{parts.query}" if parts.query else "")
+
+
+def fetch(remote: Remote, cache: Path, *, base_url: str | None, progress: bool, force: bool,
+          pinned_in: str) -> tuple[dict, Path]:
+    """Download ``remote`` into ``cache`` (resumed, checked against its pins) and return the manifest's
+    record of it with the path. ``force`` fetches again even a complete earlier download (``--force``);
+    ``pinned_in`` names the file that pins its sha256, for the record."""
+    url = mirrored(remote.url, base_url)
+    log.info("downloading %s", url)
+    path = download(url, cache / remote.filename, sha256=remote.sha256, size=remote.size, progress=progress,
+                    force=force, max_bytes=remote.max_bytes)
+    record = {
+        "url": url,
+        "upstream_url": remote.url,
+        "file": remote.filename,
+        "bytes": path.stat().st_size,
+        "sha256": remote.sha256 or sha256_file(path),
+        "sha256_source": f"pinned in {pinned_in}, verified" if remote.sha256 else "computed after download",
+    }
+    return record, path

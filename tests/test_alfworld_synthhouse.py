@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not engine_available(), reason="the alfworld ext
 def test_games_are_deterministic_in_the_task_id_and_use_alfworlds_domain_and_grammar():
     from alfworld.info import ALFRED_PDDL_PATH
 
-    from capo_envs.alfworld.housegen import make_game
+    from capo_envs.alfworld.world import make_game
 
     game, traj = make_game("synthhouse-small-0-train-3-pick_heat_then_place_in_recep", "pick_heat_then_place_in_recep")
     again, _ = make_game("synthhouse-small-0-train-3-pick_heat_then_place_in_recep", "pick_heat_then_place_in_recep")
@@ -34,7 +34,7 @@ def test_games_are_deterministic_in_the_task_id_and_use_alfworlds_domain_and_gra
 def test_every_task_type_translates_with_fast_downward():
     import fast_downward
 
-    from capo_envs.alfworld.housegen import make_game
+    from capo_envs.alfworld.world import make_game
 
     for size in ("tiny", "large"):
         for task_type in TASK_TYPE_NAMES:
@@ -154,3 +154,41 @@ def test_the_capo_paper_preset():
     env = gym.make("capo/SynthHouse-v0", size="tiny", **PRESETS["capo"]).unwrapped
     assert env.max_steps == 20 and env.protocol.stop_strings == ("</tool_call>",) and env.win_reward == 1.0
     assert gym.make("capo/SynthHouse-v0", **PRESETS["verl-agent"]).unwrapped.win_reward == 10.0
+
+
+def kill_engine(env) -> int:
+    import signal
+
+    pid = env.unwrapped.engine_pid
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return pid
+
+
+def test_a_step_that_finds_the_engine_dead_says_it_died_and_ends_the_episode():
+    env = gym.make("capo/SynthHouse-v0", size="tiny", num_tasks=3)
+    env.reset(seed=0)
+    pid = kill_engine(env)  # the OOM killer, a stray kill: between two steps
+    obs, reward, terminated, truncated, info = env.step("<action>look</action>")
+    assert truncated and not terminated and reward == 0.0 and info["ended_by"] == "engine_error"
+    assert "the engine process died (killed by SIGKILL) before 'step'" in obs, obs
+    assert "died (killed by SIGKILL)" in info["engine_error"] and "no game loaded" not in obs
+    assert info["metrics"]["steps"] == 1.0 and env.unwrapped.engine_pid is None  # no process restarted for nothing
+    obs, info = env.reset(seed=0)  # the next episode in a fresh process
+    assert obs.startswith("-= Welcome") and env.unwrapped.engine_pid not in (None, pid)
+    env.close()
+
+
+def test_a_reset_that_finds_the_engine_dead_restarts_it_and_says_so():
+    env = gym.make("capo/SynthHouse-v0", size="tiny", num_tasks=3)
+    env.reset(options={"task_index": 0})
+    pid = kill_engine(env)
+    obs, info = env.reset(options={"task_index": 0})  # the same task: a plain "reset" would have gone to the dead one
+    assert obs.startswith("-= Welcome") and env.unwrapped.engine_pid not in (None, pid)
+    assert "the engine process died (killed by SIGKILL)" in info["engine_restarted"]
+    _, _, _, truncated, info = env.step("<action>look</action>")
+    assert info["action_valid"] and not truncated
+    assert "engine_restarted" not in env.reset(options={"task_index": 1})[1]  # said once, for the reset that found it
+    env.close()

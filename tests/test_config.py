@@ -165,7 +165,8 @@ def test_every_algorithm_gets_the_same_episodes_per_iteration_by_default(overrid
 
 
 def test_actor_lr_default_depends_on_the_model_kind():
-    from capo_train.config import DEFAULT_ENV, ENV_PRESETS, default_actor_lr, env_kwargs
+    from capo_envs.core.registry import cpu_preset
+    from capo_train.config import DEFAULT_ENV, default_actor_lr, env_kwargs
 
     assert load_config().optim.actor_lr is None  # auto, resolved by the trainer once the model is known
     assert default_actor_lr(lora=True, parameters=135_000_000) == 2e-4
@@ -173,8 +174,10 @@ def test_actor_lr_default_depends_on_the_model_kind():
     assert default_actor_lr(lora=False, parameters=135_000_000) == 1e-5
     assert load_config(None, ["optim.actor_lr=2e-4"]).optim.actor_lr == 2e-4
     # env.kwargs null: the CPU preset for the ids that have one; another env gets its own defaults
-    assert env_kwargs(load_config().env) == ENV_PRESETS[DEFAULT_ENV] == ENV_PRESETS["capo/SynthChain-v0"]
-    assert env_kwargs(load_config(None, ["env.id=capo_envs:capo/SynthHop-v0"]).env) == ENV_PRESETS["capo/SynthHop-v0"]
+    assert DEFAULT_ENV == "capo/SynthChain-v0"
+    assert env_kwargs(load_config().env) == cpu_preset(DEFAULT_ENV) == {"k": 4, "expert_skill": 0.0}
+    assert env_kwargs(load_config(None, ["env.id=capo_envs:capo/SynthHop-v0"]).env) == cpu_preset("capo/SynthHop-v0")
+    assert cpu_preset("capo/SynthHop-v0")["question_kinds"] == ["bridge-2"]
     assert env_kwargs(load_config(None, ["env.id=capo/HotpotQA-v0"]).env) == {}
 
 
@@ -199,9 +202,10 @@ def test_every_env_preset_builds_its_env():
     import gymnasium as gym
 
     import capo_envs
-    from capo_train.config import ENV_PRESETS
 
-    for env_id, kwargs in ENV_PRESETS.items():
+    presets = {env_id: card.cpu_preset for env_id, card in capo_envs.CATALOG.items() if card.cpu_preset}
+    assert {"capo/SynthChain-v0", "capo/SynthHop-v0", "capo/SynthScholar-v0", "capo/SynthHouse-v0"} <= set(presets)
+    for env_id, kwargs in presets.items():
         card = capo_envs.CATALOG[env_id]
         if not card.data_ready():  # e.g. SynthHouse without the [alfworld] extra
             continue

@@ -11,7 +11,7 @@ from data_prep.cli import data_main
 from data_prep.manifest import file_records, read_manifest, write_manifest
 
 from fixtures_official import FileServer
-from test_alfworld_data import release_archives
+from test_alfworld_data import pinned_to, release_archives
 
 
 def listing(capsys, *argv: str) -> dict[str, str]:
@@ -31,7 +31,8 @@ def test_alfworld_prepared_by_the_real_preparer_is_listed_and_verified(tmp_path,
     with FileServer() as server:
         for url, body in release_archives().items():
             server.add(urllib.parse.urlsplit(url).path, body)
-        assert data_main(["prepare", "alfworld", "--data-dir", data, "--mirror", server.url, "--quiet"]) == 0
+        with pinned_to(server):
+            assert data_main(["prepare", "alfworld", "--data-dir", data, "--mirror", server.url, "--quiet"]) == 0
     line = listing(capsys, "--data-dir", data)["alfworld"]
     assert " prepared " in line and str(Path(data) / "alfworld") in line
     assert "(train games 2, valid_seen games 1, valid_unseen games 0)" in line
@@ -46,7 +47,7 @@ def test_alfworld_prepared_by_the_real_preparer_is_listed_and_verified(tmp_path,
 
 def test_webshop_prepared_by_the_real_preparer_is_listed_and_verified(tmp_path, monkeypatch, capsys):
     pytest.importorskip("thefuzz")
-    from capo_envs.webshop.synth import generate_catalog
+    from capo_envs.webshop.world import generate_catalog
     from test_webshop_prepare import official_files, serve_release
 
     raw, attrs = generate_catalog(seed=7, num_products=40)
@@ -118,3 +119,40 @@ def test_a_manifest_without_checksums_is_not_reported_as_verified(tmp_path, caps
 def test_size_is_refused_outside_webshop(tmp_path, capsys):
     assert data_main(["verify", "alfworld", "--size", "small", "--data-dir", str(tmp_path)]) == 2
     assert "--size is for webshop only" in capsys.readouterr().err
+
+
+def test_every_domain_module_has_the_same_entry_points():
+    """``data_prep.domains``: each module has DATASETS, add_arguments, prepare and data_info, and every name
+    of ``capo data prepare`` is one of theirs."""
+    import argparse
+    import importlib
+    import inspect
+
+    from data_prep.domains import MODULES, domains
+
+    names = []
+    for path in MODULES:
+        module = importlib.import_module(path)
+        assert module.DATASETS and callable(module.add_arguments) and callable(module.data_info)
+        keywords = inspect.signature(module.prepare).parameters
+        assert {"data_dir", "force", "base_url", "progress"} <= set(keywords)
+        parser = argparse.ArgumentParser()
+        module.add_arguments(parser)
+        options = {a.dest for a in parser._actions if a.dest != "help"}
+        assert options <= set(keywords), f"{path}: options that are no keyword of prepare: {options - set(keywords)}"
+        for name in module.DATASETS:
+            info = module.data_info(name, "/nonexistent")
+            assert info and all({"name", "path", "prepared", "prepare", "counts"} <= set(i) for i in info)
+        names += module.DATASETS
+    assert list(domains()) == names == ["hotpotqa", "2wiki", "musique", "wiki18", "alfworld", "webshop", "papers"]
+
+
+def test_prepare_help_lists_every_dataset_and_a_domain_its_own_options(capsys):
+    with pytest.raises(SystemExit):
+        data_main(["prepare", "-h"])
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("hotpotqa", "wiki18", "alfworld", "webshop", "papers"))
+    with pytest.raises(SystemExit):
+        data_main(["prepare", "webshop", "-h"])
+    out = capsys.readouterr().out
+    assert "--size" in out and "--price-seed" in out and "--lucene" in out and "--data-dir" in out

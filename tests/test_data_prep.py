@@ -12,8 +12,8 @@ import pytest
 from capo_envs.qa.datasets import load_split
 from capo_envs.retrieval import open_retriever
 from capo_envs.retrieval.base import read_corpus
-from data_prep import dataset_info, is_prepared, prepare, verify
-from data_prep import datasets as prep
+from data_prep import data_info, is_prepared, prepare, verify
+from data_prep import qa as prep
 from data_prep import download as dl
 from data_prep import sources
 from data_prep.archive import UnsafeArchiveError
@@ -193,17 +193,23 @@ def test_truncated_download_cached_by_an_older_version_is_fetched_again(tmp_path
     assert is_prepared("2wiki", tmp_path / "data")
 
 
-def test_force_fetches_a_complete_download_again(tmp_path, mirror, unpinned_2wiki, capsys):
+def test_a_refused_archive_is_fetched_again_on_the_rerun(tmp_path, mirror, unpinned_2wiki, capsys):
+    """A download complete as far as HTTP can tell but refused by the extractor is dropped from the cache,
+    so the rerun fetches it again (it used to be reused, and refused, until --force)."""
     good, unpinned_2wiki.data = unpinned_2wiki.data, b"<not a zip: the mirror had a bad copy>"
-    unpinned_2wiki.no_length = False  # complete as far as HTTP can tell, so it stays in the cache
+    unpinned_2wiki.no_length = False  # complete as far as HTTP can tell
     assert _prepare_2wiki(tmp_path / "data", mirror) == 1
     assert "neither" in capsys.readouterr().err
+    assert not list((tmp_path / "data" / ".downloads" / "2wiki").glob("data_ids_april7.zip*"))
     unpinned_2wiki.data = good
-    assert _prepare_2wiki(tmp_path / "data", mirror) == 1  # a complete download is reused...
     mirror.requests.clear()
-    assert _prepare_2wiki(tmp_path / "data", mirror, "--force") == 0  # ...unless forced
+    assert _prepare_2wiki(tmp_path / "data", mirror) == 0
+    assert [p.split("?")[0] for p, _ in mirror.requests] == [TWOWIKI_ZIP]
+    mirror.requests.clear()
+    assert _prepare_2wiki(tmp_path / "data", mirror, "--force") == 0  # --force downloads again
     assert [p.split("?")[0] for p, _ in mirror.requests] == [TWOWIKI_ZIP]
     assert is_prepared("2wiki", tmp_path / "data")
+
 
 def test_ctrl_c_during_build_leaves_no_dataset(tmp_path, mirror, monkeypatch):
     def interrupted(*args):
@@ -267,7 +273,7 @@ def test_cli_prepare_list_verify(tmp_path, mirror, capsys):
         f.write('{"id": "x", "title": "t", "text": "tampered"}\n')
     assert data_main(["verify", "wiki18", "--data-dir", data]) == 1
     assert "changed: corpus.jsonl" in capsys.readouterr().out
-    assert dataset_info("wiki18", data)["counts"] == {"passages": len(WIKI18)}
+    assert data_info("wiki18", data)[0]["counts"] == {"passages": len(WIKI18)}
 
 
 def test_cli_reports_download_errors(tmp_path, mirror, capsys):

@@ -14,7 +14,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import capo_envs
-from capo_envs.diagnostics import SynthChainEnv, SynthLengthEnv, SynthTrapEnv
+from capo_envs.diagnostics.env import SynthChainEnv, SynthLengthEnv, SynthTrapEnv
 
 IDS = ("capo/SynthChain-v0", "capo/SynthLength-v0", "capo/SynthTrap-v0")
 INFO_KEYS = {"task_id", "step", "action_valid", "action", "invalid_reason"}

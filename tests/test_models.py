@@ -254,7 +254,7 @@ def test_gradient_checkpointing_same_grads(tiny_dir):
 def test_smollm2_converts_and_answers():
     """Converts once into $CAPO_DATA_DIR (later runs reuse it), then checks chat template, greedy answer
     and that our log-probs match the HF logits on the real 49k vocabulary."""
-    from capo_train.smollm2 import ensure_smollm2
+    from capo_train.models.smollm2 import ensure_smollm2
 
     path = ensure_smollm2()
     assert ensure_smollm2() == path

@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 import data_prep.papers as prep
+from data_prep.cli import data_main
+from data_prep.papers_citations import OPENALEX_ARXIV_SOURCE
 from capo_envs.papers.db import PaperDB
-from capo_envs.papers.real import QUERY_FILES, load_queries
+from capo_envs.papers.env import QUERY_FILES, load_queries
 from data_prep.sources import Remote
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "pasa"
@@ -65,7 +67,7 @@ def openalex_work(wid, arxiv_id, refs, via="doi"):
     if arxiv_id and via == "doi":
         record["doi"] = f"https://doi.org/10.48550/arxiv.{arxiv_id}"
     elif arxiv_id:
-        record["locations"] = [{"source": {"id": f"https://openalex.org/{prep.OPENALEX_ARXIV_SOURCE}"},
+        record["locations"] = [{"source": {"id": f"https://openalex.org/{OPENALEX_ARXIV_SOURCE}"},
                                 "landing_page_url": f"http://arxiv.org/abs/{arxiv_id}v1", "pdf_url": None}]
     return record
 
@@ -142,7 +144,7 @@ class Fixtures:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def openalex_page(self, params):
-        assert params["filter"] == f"locations.source.id:{prep.OPENALEX_ARXIV_SOURCE}" and params["api_key"] == "oa-key"
+        assert params["filter"] == f"locations.source.id:{OPENALEX_ARXIV_SOURCE}" and params["api_key"] == "oa-key"
         page = {"*": 0, "c1": 1}.get(params["cursor"])
         if page is None or page >= len(WORKS):
             return {"meta": {"next_cursor": None}, "results": []}
@@ -180,7 +182,7 @@ def fixtures(monkeypatch):
 def run(fixtures, tmp_path, *extra):
     argv = ["--data-dir", str(tmp_path), "--quiet", "--mirror", fixtures.url,
             "--arxiv-url", fixtures.url + "/arxiv/snapshot.json.gz", *extra]
-    return prep.prepare_main(argv)
+    return data_main(["prepare", "papers", *argv])
 
 
 def manifest(tmp_path):
@@ -276,7 +278,7 @@ def test_real_query_files_through_the_pinned_sources(tmp_path, monkeypatch):
         server.files["/arxiv/real.json.gz"] = gz_lines(records)
         argv = ["--data-dir", str(tmp_path), "--quiet", "--mirror", server.url, "--splits", "dev", "test",
                 "realscholar", "--arxiv-url", server.url + "/arxiv/real.json.gz"]
-        assert prep.prepare_main(argv) == 0
+        assert data_main(["prepare", "papers", *argv]) == 0
     m = manifest(tmp_path)
     assert all(m["queries"][s]["pinned"] for s in ("dev", "test", "realscholar"))
     share = m["coverage"]["gold"]["realscholar"]["present_share"]
@@ -297,7 +299,7 @@ def test_parquet_shards_in_the_hf_mirrors_schema(fixtures, tmp_path):
         pq.write_table(table.slice(0, 0), empty)
         fixtures.files[urllib.parse.urlsplit(other).path] = empty.getvalue().to_pybytes()
     argv = ["--data-dir", str(tmp_path), "--quiet", "--mirror", fixtures.url]
-    assert prep.prepare_main(argv) == 0
+    assert data_main(["prepare", "papers", *argv]) == 0
     with PaperDB(tmp_path / "papers" / "papers.sqlite") as db:
         assert len(db) == 6 and db.get("2101.00001").authors == ("A. One", "B. Two")
     assert manifest(tmp_path)["arxiv_metadata"]["revision"] == prep.ARXIV_REVISION

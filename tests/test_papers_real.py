@@ -13,7 +13,7 @@ import pytest
 import capo_envs
 from capo_envs.core import DataNotPreparedError
 from capo_envs.papers.db import Paper, build_database
-from capo_envs.papers.real import QUERY_FILES, load_queries
+from capo_envs.papers.env import QUERY_FILES, load_queries
 
 from env_helpers import expert_metrics
 

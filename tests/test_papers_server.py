@@ -109,7 +109,7 @@ def test_citations_next_is_exact(server):
 
 
 @pytest.mark.parametrize("path", ["/graph/v1/paper/9999.99999", "/graph/v1/paper/not-an-id",
-                                  "/graph/v1/paper/9999.99999/citations", "/graph/v1/paper/CorpusId:5/references",
+                                  "/graph/v1/paper/9999.99999/citations", "/graph/v1/paper/CorpusId:99999/references",
                                   "/graph/v1/nothing", "/graph/v1/paper/"])
 def test_unknown_ids_are_404(server, path):
     status, body = get(server, path)

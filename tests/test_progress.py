@@ -1,4 +1,4 @@
-"""capo_train.progress: tqdm on a terminal, flushed lines elsewhere."""
+"""data_prep.progress: tqdm on a terminal, flushed lines elsewhere."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import io
 
 from tqdm import tqdm
 
-from capo_train.progress import LineProgress, Progress, duration, progress_bar
+from data_prep.progress import LineProgress, Progress, duration, progress_bar
 
 
 class Terminal(io.StringIO):

@@ -1,7 +1,8 @@
-"""BM25Retriever (both engines), CachedRetriever and open_retriever for bm25/http."""
+"""BM25Retriever (both libraries), CachedRetriever and open_retriever for bm25/http."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ from capo_envs.retrieval import BM25Retriever, CachedRetriever, Passage, open_re
 
 from corpora import TOPICS
 
-ENGINES = ["bm25s", "tantivy"]
+LIBRARIES = ["bm25s", "tantivy"]
 
 QUERIES = [
     ("which mountains erupt lava and ash", "Volcano"),
@@ -38,9 +39,9 @@ def passages() -> list[Passage]:
     return [Passage(f"t{i}", title, text) for i, (title, text) in enumerate(TOPICS)]
 
 
-@pytest.fixture(scope="module", params=ENGINES)
+@pytest.fixture(scope="module", params=LIBRARIES)
 def retriever(request, passages):
-    r = BM25Retriever.build(passages, engine=request.param)
+    r = BM25Retriever.build(passages, library=request.param)
     yield r
     r.close()
 
@@ -64,13 +65,13 @@ def test_batch_equals_one_at_a_time(retriever):
     assert retriever.search(queries, 4) == [retriever.search([q], 4)[0] for q in queries]
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_ties_broken_by_corpus_position(engine):
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_ties_broken_by_corpus_position(library):
     dup = ("Twin", "identical twin passage about comets")
     corpus = [Passage("a", "Other", "comets and asteroids orbit the sun, comets have tails")]
     corpus += [Passage(f"d{i}", *dup) for i in range(20)]
     corpus += [Passage("z", "Filler", "nothing relevant here at all")]
-    r = BM25Retriever.build(corpus, engine=engine)
+    r = BM25Retriever.build(corpus, library=library)
     hits = r.search(["identical twin"], 3)[0]
     assert [h.id for h in hits] == ["d0", "d1", "d2"]
     assert len({h.score for h in hits}) == 1
@@ -78,10 +79,10 @@ def test_ties_broken_by_corpus_position(engine):
     r.close()
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_builds_are_deterministic(engine, passages):
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_builds_are_deterministic(library, passages):
     queries = [q for q, _ in QUERIES]
-    a, b = BM25Retriever.build(passages, engine=engine), BM25Retriever.build(passages, engine=engine)
+    a, b = BM25Retriever.build(passages, library=library), BM25Retriever.build(passages, library=library)
     assert a.search(queries, 8) == b.search(queries, 8)
     a.close(), b.close()
 
@@ -119,29 +120,51 @@ def test_bad_arguments(retriever):
     assert retriever.search([], 3) == []
 
 
-def test_build_rejects_unknown_engine_and_empty_corpus(passages):
+def test_build_rejects_unknown_library_and_empty_corpus(passages):
     with pytest.raises(ValueError, match="tantivy"):
-        BM25Retriever.build(passages, engine="elastic")
+        BM25Retriever.build(passages, library="elastic")
     with pytest.raises(ValueError):
         BM25Retriever.build([])
 
 
-def test_auto_engine_is_the_default(passages):
+def test_the_old_engine_keyword_is_refused_with_its_new_name(passages, tmp_path):
+    """``engine=`` was renamed ``library=``: the retriever, open_retriever and hybrid say so."""
+    with pytest.raises(ValueError, match=r"engine= is now library=: pass library='tantivy'"):
+        BM25Retriever.build(passages, engine="tantivy")
+    for kind in ("bm25", "hybrid"):
+        with pytest.raises(ValueError, match="engine= is now library="):
+            open_retriever(kind, passages=passages, engine="bm25s", cache_size=0)
+    with pytest.raises(TypeError, match="bogus"):
+        BM25Retriever.build(passages, bogus=1)
+
+
+def test_an_index_saved_with_the_old_engine_key_loads(passages, tmp_path):
+    r = BM25Retriever.build(passages, library="bm25s")
+    r.save(tmp_path / "idx")
+    meta = json.loads((tmp_path / "idx" / "meta.json").read_text())
+    assert meta["library"] == "bm25s"
+    meta["engine"] = meta.pop("library")
+    (tmp_path / "idx" / "meta.json").write_text(json.dumps(meta))
+    loaded = BM25Retriever.load(tmp_path / "idx")
+    assert loaded.library == "bm25s" and loaded.search(["lava"], 3) == r.search(["lava"], 3)
+
+
+def test_auto_library_is_the_default(passages):
     r = BM25Retriever.build(passages)
-    assert r.engine == retrieval.bm25.DEFAULT_ENGINE
+    assert r.library == retrieval.bm25.DEFAULT_LIBRARY
     r.close()
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_save_load_round_trip_and_overwrite(engine, passages, tmp_path):
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_save_load_round_trip_and_overwrite(library, passages, tmp_path):
     queries = [q for q, _ in QUERIES] + ["lava ice"]
-    r = BM25Retriever.build(passages, engine=engine)
+    r = BM25Retriever.build(passages, library=library)
     expected = r.search(queries, 5)
     r.save(tmp_path / "idx")
     r.save(tmp_path / "idx")  # overwriting an existing index works
     r.close()
     loaded = BM25Retriever.load(tmp_path / "idx")
-    assert loaded.engine == engine
+    assert loaded.library == library
     assert loaded.passages == passages
     assert loaded.search(queries, 5) == expected
     loaded.save(tmp_path / "idx")  # a loaded index can be saved over itself
@@ -189,8 +212,8 @@ def test_cached_retriever_shared_by_threads_answers_as_alone(retriever):
 def test_open_retriever_bm25_builds_saves_then_loads(passages, tmp_path, monkeypatch):
     corpus = tmp_path / "corpus.jsonl"
     write_corpus(passages, corpus)
-    r = open_retriever("bm25", corpus=corpus, index_dir=tmp_path / "idx", engine="tantivy")
-    assert isinstance(r, CachedRetriever) and r.inner.engine == "tantivy"
+    r = open_retriever("bm25", corpus=corpus, index_dir=tmp_path / "idx", library="tantivy")
+    assert isinstance(r, CachedRetriever) and r.inner.library == "tantivy"
     expected = r.search(["tower guiding ships"], 2)
     assert expected[0][0].title == "Lighthouse"
     r.close()
@@ -200,7 +223,7 @@ def test_open_retriever_bm25_builds_saves_then_loads(passages, tmp_path, monkeyp
 
     monkeypatch.setattr(BM25Retriever, "build", no_build)
     again = open_retriever("bm25", index_dir=tmp_path / "idx", cache_size=0)
-    assert isinstance(again, BM25Retriever) and again.engine == "tantivy"
+    assert isinstance(again, BM25Retriever) and again.library == "tantivy"
     assert again.search(["tower guiding ships"], 2) == expected
     again.close()
 

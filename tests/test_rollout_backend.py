@@ -71,7 +71,7 @@ def lora_run(tiny_model_dir, tmp_path):
     from capo_train.algorithms import get
     from capo_train.models.actor_critic import LoraSettings, build_actor_critic
     from capo_train.rollout import RolloutSettings
-    from capo_train.trainer import Run, _optimizers, make_envs
+    from capo_train.setup import Run, make_envs, make_optimizers
 
     config = load_config(overrides=[
         f"model.path={tiny_model_dir}", "env.kwargs={k: 2, expert_skill: 0.0}", "rollout.tasks_per_batch=2",
@@ -81,7 +81,7 @@ def lora_run(tiny_model_dir, tmp_path):
     torch.manual_seed(0)
     model, tokenizer = build_actor_critic(str(tiny_model_dir), lora=LoraSettings(r=4, alpha=8, last_layers=0))
     algo = get(config.algo).bind(config.algo_overrides)
-    run = Run(config=config, model=model, tokenizer=tokenizer, optimizers=_optimizers(model, config), algo=algo,
+    run = Run(config=config, model=model, tokenizer=tokenizer, optimizers=make_optimizers(model, config), algo=algo,
               rollout=RolloutSettings.from_config(config.rollout), reference=None)
     envs = make_envs(config, config.env.train_split, 4)
     yield run, envs
@@ -99,7 +99,7 @@ def test_hf_rollouts_generate_with_the_actor_itself(lora_run):
     sync_rollout_weights(first, run.model)  # nothing to do, nothing raised
 
 
-class CopyEngine:
+class CopyBackend:
     """Like a vLLM engine, generates from its own copy of the weights, which only ``sync_weights`` changes;
     the copy is loaded as ``VLLMBackend.sync_weights`` feeds vLLM: LoRA merged, ``trainer_weights`` names."""
 
@@ -140,21 +140,21 @@ def test_an_engine_with_its_own_weights_samples_and_gets_the_update(lora_run):
 
     run, envs = lora_run
     run.config.rollout.backend = "vllm"  # set in code, as a GPU run's config would say; the engine is given
-    engine = CopyEngine(run.model.meta["base"], run.tokenizer)
-    run.engine = engine
+    engine = CopyBackend(run.model.meta["base"], run.tokenizer)
+    run.vllm_backend = engine
     before = merged_actor(run.model)
     record = rl_iteration(run, 0, envs)
     assert record["rollout/tokens_generated"] > 0 and engine.hf.prefilled_tokens > 0  # the engine sampled
-    assert run.engine is engine and engine.syncs == 1
+    assert run.vllm_backend is engine and engine.syncs == 1
     after = merged_actor(run.model)
     assert any(not torch.equal(before[k], after[k]) for k in after)  # the update moved the merged weights
     synced = engine.copy.state_dict()
     for name, tensor in after.items():
         torch.testing.assert_close(synced[name], tensor, rtol=0, atol=0, msg=name)
-    assert rollout_backend(run.config, run.model, run.tokenizer, batch_size=4, engine=engine) is engine
+    assert rollout_backend(run.config, run.model, run.tokenizer, batch_size=4, vllm_backend=engine) is engine
 
 
-class NoisyEngine(CopyEngine):
+class NoisyBackend(CopyBackend):
     """A weight-holding engine whose log-probs are off by +0.1 a token, as another engine's kernels and dtype
     make them (vLLM in bf16 against the training pass)."""
 
@@ -172,7 +172,7 @@ def test_old_logprobs_are_the_actors_own_when_an_engine_samples(lora_run, monkey
 
     run, envs = lora_run
     run.config.rollout.backend, run.config.rollout.recompute_logprobs = "vllm", setting
-    run.engine = NoisyEngine(run.model.meta["base"], run.tokenizer)
+    run.vllm_backend = NoisyBackend(run.model.meta["base"], run.tokenizer)
     seen = {}
     real_update = trainer.update
 

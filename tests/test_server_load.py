@@ -339,3 +339,33 @@ def test_completion_server_answers_every_bad_request_with_a_json_4xx():
     finally:
         server.close()
     print(f"\ncapo serve: {tried} bad requests, each a JSON 4xx, 0 crashes")
+
+
+def test_http09_is_refused_at_once_and_kept_alive_connections_are_bounded():
+    """With the default limits: ``GET /`` without a version is a 400 straight away (it used to wait for headers
+    that an HTTP/0.9 client never sends); a kept-alive connection serves several requests, and one left idle
+    is closed after ``header_timeout``."""
+    retriever = BM25Retriever.build([Passage("p0", "Paris", "Paris is the capital of France.")])
+    with make_server(retriever, port=0).start_in_thread() as server:
+        assert (server.header_timeout, server.body_timeout) == (10.0, 60.0)
+        port = server.server_address[1]
+        start = time.monotonic()
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(b"GET /health\r\n")  # and the client waits, as an HTTP/0.9 client does
+            answer = b""
+            while chunk := sock.recv(1 << 16):
+                answer += chunk
+        status, body = parse_answer(answer)
+        assert status == 400 and "HTTP/0.9 is not supported" in body["error"] and time.monotonic() - start < 3
+        server.header_timeout = 1.0
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            reader = sock.makefile("rb")
+            for _ in range(2):
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                assert reader.readline().startswith(b"HTTP/1.1 200 ")
+                head = [line for line in iter(reader.readline, b"\r\n")]
+                length = next(int(line.split(b":")[1]) for line in head if line.lower().startswith(b"content-length"))
+                assert json.loads(reader.read(length))["status"] == "ok"
+            idle = time.monotonic()
+            assert reader.read() == b""  # closed by the server, quietly: nothing of a request had come
+            assert 0.5 < time.monotonic() - idle < 4

@@ -12,10 +12,9 @@ from collections import Counter
 
 import pytest
 
+from capo_envs.qa.entities import kind_counts
 from capo_envs.qa.metrics import normalize_answer
-from capo_envs.synth import SIZES, answer_is_supported, build_world, world_digest
-from capo_envs.synth.synthhop import _build
-from capo_envs.synth.world import kind_counts
+from capo_envs.qa.world import SIZES, _build, answer_is_supported, build_world, world_digest
 
 KINDS = ("bridge-2", "bridge-3", "bridge-4", "comparison")
 TASK_ID = re.compile(r"synthhop-(\d+)-(train|dev|test)-(\d+)")
@@ -48,7 +47,7 @@ def test_build_is_cached_and_deterministic(tiny):
 
 
 def test_pythonhashseed_does_not_matter():
-    code = "from capo_envs.synth import build_world, world_digest; print(world_digest(build_world(7, 'tiny')))"
+    code = "from capo_envs.qa.world import build_world, world_digest; print(world_digest(build_world(7, 'tiny')))"
     digests = set()
     for hash_seed in ("0", "4242"):
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from capo_train.tiny_lm import TINY_LM_META, build_tiny_lm, main, protocol_tokens, world_texts
+from capo_train.models.tiny_lm import TINY_LM_META, build_tiny_lm, main, protocol_tokens, world_texts
 
 TEST_SHAPE = {"size": "tiny", "model": "tiny", "vocab_size": 320, "hidden_size": 16, "num_layers": 1}
 
@@ -62,7 +62,7 @@ def test_a_name_has_the_same_tokens_in_an_action_and_in_a_passage(loaded):
 
 def test_protocol_text_is_one_token_each(loaded):
     from capo_envs.core.protocol import make_protocol
-    from capo_envs.qa.env import QA_TOOLS
+    from capo_envs.qa.protocol import QA_TOOLS
 
     _, tokenizer = loaded
     instructions = make_protocol("tags", QA_TOOLS).instructions
@@ -74,7 +74,7 @@ def test_protocol_text_is_one_token_each(loaded):
 
 
 def test_chat_format_concatenates_like_the_template(loaded):
-    from capo_train.rollout import ChatFormat
+    from capo_train.states import ChatFormat
 
     _, tokenizer = loaded
     fmt = ChatFormat(tokenizer)
@@ -108,7 +108,7 @@ def test_builds_are_deterministic(tiny_lm_dir, tmp_path):
 
 def test_the_model_generates_through_the_rollout_backend(loaded):
     from capo_train.backends.hf import HFBackend
-    from capo_train.rollout import ChatFormat
+    from capo_train.states import ChatFormat
 
     model, tokenizer = loaded
     prompt = ChatFormat(tokenizer).first("Act with tags.", "Question: Who founded Vrugard Sky?")
@@ -133,8 +133,8 @@ def test_pretraining_reads_the_corpus_and_moves_the_weights(tiny_lm_dir, tmp_pat
 
     from safetensors.torch import load_file
 
-    from capo_envs.synth.synthhop import build_world
-    from capo_train.tiny_lm import corpus_chats
+    from capo_envs.qa.world import build_world
+    from capo_train.models.tiny_lm import corpus_chats
 
     world = build_world(0, "tiny")
     chats = corpus_chats(0, "tiny")

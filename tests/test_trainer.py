@@ -84,7 +84,7 @@ def test_warm_start_then_rl_with_lora_writes_curve_and_summary(tiny_model_dir, t
 def test_sft_tasks_are_cloned_and_held_out_of_rl(tiny_model_dir, tmp_path):
     from capo_train.models import load_actor
     from capo_train.sft import expert_trajectories, warm_start_tasks
-    from capo_train.trainer import make_envs
+    from capo_train.setup import make_envs
 
     config = config_for(tiny_model_dir, tmp_path, "sft.tasks=5")
     env = make_envs(config, "train", 1)[0]

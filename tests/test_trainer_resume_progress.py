@@ -1,4 +1,5 @@
-"""A run killed between logging an iteration and checkpointing it resumes with a clean log.jsonl; and
+"""A run killed while checkpointing an iteration, or between checkpointing and logging it, resumes with a
+clean log.jsonl (each iteration once, as an uninterrupted run logs it); and
 ``capo train`` with stdout in a pipe (``capo train > run.log``) prints flushed progress lines as it goes."""
 
 from __future__ import annotations
@@ -25,22 +26,34 @@ def without_timings(record: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_kill_between_log_and_checkpoint_leaves_each_iteration_once(tiny_model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("where", ["saving", "logging"])
+def test_a_kill_around_the_checkpoint_leaves_each_iteration_once(tiny_model_dir, tmp_path, monkeypatch, where):
+    """``saving``: killed while iteration 2's checkpoint is written (the log holds 0 and 1); ``logging``:
+    after it, before its record is logged (the checkpoint holds 2, the log does not yet)."""
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     train(config_for(tiny_model_dir, whole), progress=False)
 
-    real_save = trainer.save_run
+    real_save, real_log = trainer.save_run, trainer.Logger.log
 
     def killed_while_saving(out_dir, model, tokenizer, optimizers, state, config):
-        if state.iteration == 2:  # iteration 2 is in log.jsonl; its checkpoint is never written
+        if state.iteration == 2:  # iteration 2's checkpoint is never written, nor its record logged
             raise KeyboardInterrupt
         return real_save(out_dir, model, tokenizer, optimizers, state, config)
 
-    monkeypatch.setattr(trainer, "save_run", killed_while_saving)
+    def killed_while_logging(self, record):
+        if record["iteration"] == 2:  # its checkpoint is written
+            raise KeyboardInterrupt
+        return real_log(self, record)
+
+    if where == "saving":
+        monkeypatch.setattr(trainer, "save_run", killed_while_saving)
+    else:
+        monkeypatch.setattr(trainer.Logger, "log", killed_while_logging)
     with pytest.raises(KeyboardInterrupt):
         train(config_for(tiny_model_dir, killed), progress=False)
-    assert [r["iteration"] for r in log_records(killed)] == [0, 1, 2]  # what the kill leaves behind
+    assert [r["iteration"] for r in log_records(killed)] == [0, 1]  # what the kill leaves behind
     monkeypatch.setattr(trainer, "save_run", real_save)
+    monkeypatch.setattr(trainer.Logger, "log", real_log)
 
     train(config_for(tiny_model_dir, killed), resume=True, progress=False)
     assert [r["iteration"] for r in log_records(killed)] == [0, 1, 2]

@@ -2,7 +2,7 @@
 same rows, to float precision.
 
 The same trajectories go both ways: natively through ``capo_train.rows.build_rows`` and the estimator
-input the trainer builds (``capo_train.trainer.compute_targets``), and through the verl path (the
+input the trainer builds (``capo_train.update.compute_targets``), and through the verl path (the
 ``capo_env`` agent loop's per-action outputs, ``AgentLoopOutput.as_dict``, verl's padded response tensors,
 TransferQueue-style keys, the critic's values in verl's left-shifted layout) into
 ``capo_train.integrations.verl.core.action_targets`` and the registered verl losses. Runs in the verl venv.
@@ -21,7 +21,7 @@ from capo_train.algorithms.estimators import StepBatch  # noqa: E402
 from capo_train.integrations.verl.agent_loop import CapoEnvAgentLoop  # noqa: E402
 from capo_train.integrations.verl.core import ESTIMATORS, LOSSES, action_targets  # noqa: E402
 from capo_train.rows import ActionRecord, Trajectory, build_rows, gather_actions  # noqa: E402
-from capo_train.trainer import shift_right  # noqa: E402
+from capo_train.update import shift_right  # noqa: E402
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 
@@ -70,7 +70,7 @@ def verl_rows(trajs: list[Trajectory], bootstrap_row: bool = False):
 
 
 def native_step_batch(batch, critic_out):
-    """The estimator input exactly as capo_train.trainer.compute_targets builds it (final_value 0)."""
+    """The estimator input exactly as capo_train.update.compute_targets builds it (final_value 0)."""
     return StepBatch(
         reward=batch.reward, traj_index=batch.traj_index, step_index=batch.step_index,
         group_index=batch.group_index, truncated=batch.truncated, final_value=torch.zeros(batch.num_actions),

@@ -320,3 +320,31 @@ def test_static_export_opens_from_disk(runs, browser, tmp_path):
     browser.open((out / "index.html").as_uri() + "#/run/0/ep/1/0", ready="run")
     assert browser.evaluate("document.querySelectorAll('.timeline .step').length") == 2
     assert not math.isnan(browser.evaluate("+document.querySelector('.timeline .step').dataset.adv"))
+
+
+def test_run_payload_holds_each_iterations_time_phases(runs):
+    from capo_train.report import ITERATION_PHASES
+
+    payload = run_payload(discover([runs["capo"]])[0][0])
+    assert payload["time_phases"] == list(ITERATION_PHASES) and payload["notes"] == []
+    series = payload["series"]
+    assert [p[0] for p in series["time/iteration_s"]] == [1, 2]
+    for it, total in series["time/iteration_s"]:
+        phases = sum(v for k in ITERATION_PHASES for i, v in series.get(k, []) if i == it)
+        assert phases == pytest.approx(total, rel=0.03, abs=0.01)
+
+
+@needs_chromium
+def test_run_page_shows_where_each_iterations_time_goes(runs, browser):
+    site = Site(*discover([runs["capo"]]))
+    with make_server(site).start_in_thread() as server:
+        browser.open(server.url + "/#/run/0", ready="run")
+        rows = each(browser, "table.timing tr[data-it]", "[+e.dataset.it, e.dataset.total, +e.dataset.sum]")
+        assert [r[0] for r in rows] == [0, 1, 2]  # record 0: the warm start's phases, no iteration total
+        assert rows[0][1] == ""
+        for _, total, summed in rows[1:]:
+            assert summed == pytest.approx(float(total), rel=0.03, abs=0.01)
+        headers = set(each(browser, "table.timing th[title]", "e.title"))
+        assert {"time/sft_s", "time/rollout_s", "time/update_s", "time/eval_s", "time/checkpoint_s",
+                "time/iteration_s"} <= headers
+        assert browser.evaluate("document.querySelectorAll('table.timing tr[data-it] .stack span').length") > 6

@@ -11,11 +11,10 @@ pytest.importorskip("thefuzz")
 import capo_envs  # noqa: F401  (registers the ids)
 from capo_envs.core import DataNotPreparedError
 from capo_envs.webshop.env import ShopEnv
-from capo_envs.webshop.make import SynthShopEnv
 from capo_envs.webshop.products import load_products
-from capo_envs.webshop.protocol import WebShopProtocol
-from capo_envs.webshop.env import TOOLS
+from capo_envs.webshop.protocol import TOOLS, WebShopProtocol
 from capo_envs.webshop.shop import MemoryStore, ProductSearch
+from capo_envs.webshop.synth import SynthShopEnv
 
 from env_helpers import expert_metrics
 

@@ -14,7 +14,7 @@ pytest.importorskip("thefuzz")
 
 import capo_envs  # noqa: F401
 from capo_envs.webshop.products import build_goals, human_goal_check_text, load_products
-from capo_envs.webshop.synth import generate_catalog
+from capo_envs.webshop.world import generate_catalog
 from data_prep import download as dl
 from data_prep import webshop as prep
 from data_prep.cli import data_main
@@ -116,8 +116,8 @@ def test_goals_are_the_originals_with_a_fixed_price_seed(tmp_path, monkeypatch, 
     raw, attrs, files = release
     with FileServer() as server:
         serve_release(server, "small", files, monkeypatch)
-        prep.prepare_webshop("small", data_dir=tmp_path / "a", base_url=server.url, progress=False)
-        prep.prepare_webshop("small", data_dir=tmp_path / "b", base_url=server.url, progress=False, price_seed=1)
+        prep.prepare("webshop", size="small", data_dir=tmp_path / "a", base_url=server.url, progress=False)
+        prep.prepare("webshop", size="small", data_dir=tmp_path / "b", base_url=server.url, progress=False, price_seed=1)
     a = json.loads((tmp_path / "a" / "webshop-small" / "goals_human.json").read_text())
     b = json.loads((tmp_path / "b" / "webshop-small" / "goals_human.json").read_text())
     human = json.loads(files["human"])
@@ -132,7 +132,7 @@ def test_prepare_full_checks_the_canonical_order(tmp_path, monkeypatch, release)
     raw, attrs, files = release
     with FileServer() as server:
         serve_release(server, "full", files, monkeypatch)
-        path = prep.prepare_webshop("full", data_dir=tmp_path, base_url=server.url, progress=False)
+        path = prep.prepare("webshop", size="full", data_dir=tmp_path, base_url=server.url, progress=False)
         assert len(server.ranges("/princeton-nlp/WebShop/" + prep.WS_COMMIT + "/baseline_models/data/human_goals.json")) == 1
     check = json.loads((path / "manifest.json").read_text())["counts"]["human_goal_order_check"]
     assert check["agreement"] == 1.0 and check["goals"] == check["expected"]
@@ -144,7 +144,7 @@ def test_prepare_full_fails_when_the_order_differs(tmp_path, monkeypatch, releas
     random.Random(1).shuffle(shuffled)
     with FileServer() as server:
         serve_release(server, "full", files, monkeypatch, check=json.dumps(shuffled).encode())
-        code = prep.prepare_main(["--size", "full", "--data-dir", str(tmp_path), "--mirror", server.url, "--quiet"])
+        code = data_main(["prepare", "webshop", "--size", "full", "--data-dir", str(tmp_path), "--mirror", server.url, "--quiet"])
     assert code == 1
     assert not (tmp_path / "webshop").exists() and not list(tmp_path.glob("webshop.tmp-*"))
 
@@ -154,7 +154,7 @@ def test_a_corrupted_download_is_refused(tmp_path, monkeypatch, release):
     with FileServer() as server:
         serve_release(server, "small", files, monkeypatch)
         server.drive[prep.WEBSHOP_SOURCES["small"]["human"].url.split("id=")[1]] = b"{}"
-        code = prep.prepare_main(["--size", "small", "--data-dir", str(tmp_path), "--mirror", server.url, "--quiet"])
+        code = data_main(["prepare", "webshop", "--size", "small", "--data-dir", str(tmp_path), "--mirror", server.url, "--quiet"])
     assert code == 1 and not (tmp_path / "webshop-small" / "manifest.json").exists()
 
 
@@ -176,7 +176,7 @@ def test_prepare_on_the_real_sample_products(tmp_path, monkeypatch):
     files["attributes"] = (SHARED / "items_ins_v2_1000.json").read_bytes()
     with FileServer() as server:
         serve_release(server, "small", files, monkeypatch)
-        path = prep.prepare_webshop("small", data_dir=tmp_path, base_url=server.url, progress=False)
+        path = prep.prepare("webshop", size="small", data_dir=tmp_path, base_url=server.url, progress=False)
     store = json.loads((path / "manifest.json").read_text())
     assert store["counts"]["products"] == 100 and store["counts"]["goals_synthetic"] == 501
     env = gym.make("capo/WebShop-v0", size="small", goals="synthetic", data_dir=str(tmp_path), noun_tagger="heuristic").unwrapped
@@ -199,7 +199,7 @@ def test_lucene_index_like_the_original(tmp_path, monkeypatch, release):
     raw, attrs, files = release
     with FileServer() as server:
         serve_release(server, "small", files, monkeypatch)
-        assert prep.prepare_main(["--size", "small", "--data-dir", str(tmp_path), "--mirror", server.url,
+        assert data_main(["prepare", "webshop", "--size", "small", "--data-dir", str(tmp_path), "--mirror", server.url,
                                   "--quiet", "--lucene"]) == 0  # fmt: skip
     env = gym.make("capo/WebShop-v0", size="small", data_dir=str(tmp_path), retriever="lucene", noun_tagger="heuristic")
     metrics = expert_metrics(env)

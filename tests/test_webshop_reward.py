@@ -1,7 +1,8 @@
 """WebShop's reward (capo_envs.webshop.reward.score_purchase) against the original's formulas.
 
-Hand-written cases derive their expected values from goal.py's rules (domain doc §A1); shared tests run
-the real products and goals in ../shared/data/webshop.
+Hand-written cases derive their expected values from the rules of the original's
+``web_agent_site/engine/goal.py`` (https://github.com/princeton-nlp/WebShop); shared tests run the real
+products and goals of the public samples beside the checkout (``../shared/data/webshop``).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def test_attribute_substring_fallback_is_case_sensitive_on_the_goal_side():
 
 
 def test_fuzzy_threshold_is_strictly_above_85():
-    # token_set_ratio('machine washable', 'machine wash') = 86 -> a match; the lenient pairs of §A1 too.
+    # token_set_ratio('machine washable', 'machine wash') = 86 -> a match; the original's lenient pairs too.
     p = product(Attributes=["machine wash"], BulletPoints=[""], Description="", Title="x")
     assert score_purchase(p, goal(attributes=["machine washable"]), 1.0, {}, tagger=split_tagger)["num_attr_matches"] == 1
     opts = goal(goal_options=["x-large", "10 ounce (pack of 3)", "khaki"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -124,3 +125,100 @@ def test_pages_render_in_headless_chromium(server, tmp_path):
     chromium(f"--screenshot={done}", "--window-size=1000,700", f"{server.url}/replay/{len(actions)}")
     with image.open(done) as picture:
         assert len(picture.convert("RGB").getcolors(maxcolors=1 << 20) or []) > 20
+
+
+# --- bad numbers, sessions under load ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def make_shop():
+    return lambda: gym.make("capo/SynthShop-v0", split="test")
+
+
+def test_numbers_in_paths_and_queries_are_ascii_digits_with_a_bound(server):
+    for path in ("/new?task=%C2%B2", "/new?task=" + "9" * 5000, "/new?task=-1", "/new?task=%2B1", "/new?task=1_0",
+                 "/new?task=%EF%BC%91", "/new?task=%FF", "/replay/%C2%B2", "/replay/" + "9" * 5000, "/replay/-1",
+                 "/replay/%FF"):
+        status, _, body = get(server.url + path)
+        assert status == 400 and "whole number of at most 9 digits" in body, (path, status, body[:200])
+    status, _, body = get(server.url + "/new?task=999999999")
+    assert status == 404 and "no task 999999999: this split has" in body
+    assert get(server.url + "/new?task=0")[0] == 200  # still serving
+
+
+def session_ids(site: ShopSite) -> list[str]:
+    return list(site.sessions)
+
+
+def test_sessions_are_evicted_least_recently_used_first_and_never_in_use(make_shop):
+    site = ShopSite(make_shop, max_sessions=3, session_idle=0)
+    a, b, c = (site.new_session(0) for _ in range(3))
+    site.page(a)  # a is used again: b is now the least recently used
+    d = site.new_session(1)
+    assert session_ids(site) == [c, a, d]  # b evicted, not a (the oldest made)
+    with site.session(c):  # a request on c right now: c is in use although the least recently used
+        e = site.new_session(2)
+        assert c in site.sessions and a not in site.sessions and session_ids(site) == [d, c, e]
+        with site.session(d), site.session(e):
+            with pytest.raises(Exception, match="server busy: all 3 sessions are in use"):
+                site.new_session(0)
+    assert session_ids(site) == [c, d, e]
+    with pytest.raises(ValueError):
+        ShopSite(make_shop, max_sessions=0)
+
+
+def test_a_full_server_answers_503_instead_of_taking_an_active_session(make_shop):
+    site = ShopSite(make_shop, max_sessions=2)  # the default: sessions used in the last 60 s are active
+    with make_server(site, port=0).start_in_thread() as srv:
+        first, second = (get(srv.url + "/new?task=0")[1] for _ in range(2))
+        status, _, body = get(srv.url + "/new?task=1")
+        assert status == 503 and "server busy: all 2 sessions are in use" in body
+        for url in (first, second):
+            assert get(url)[0] == 200  # nobody lost a session
+        site.session_idle = 0  # now both are idle: the least recently used one makes room
+        assert get(srv.url + "/new?task=1")[0] == 200
+        status, _, body = get(first)
+        assert status == 404 and "was closed to make room" in body
+        assert get(second)[0] == 200
+
+
+async def _shop(port: int, path: str) -> tuple[int, str]:
+    """One GET on its own connection: (status, Location or "")."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        await writer.drain()
+        head = (await reader.read()).partition(b"\r\n\r\n")[0].decode("latin-1")
+    finally:
+        writer.close()
+    lines = head.split("\r\n")
+    location = next((line.split(":", 1)[1].strip() for line in lines if line.lower().startswith("location:")), "")
+    return int(head.split(" ", 2)[1]), location
+
+
+def shoppers(port: int, n: int) -> tuple[list[tuple[int, str]], list[int]]:
+    """``n`` shoppers open a session at once, then each clicks once: the /new answers and the clicks' statuses."""
+
+    async def run():
+        opened = await asyncio.gather(*(asyncio.wait_for(_shop(port, f"/new?task={i % 50}"), 60) for i in range(n)))
+        clicks = [_shop(port, f"{loc}/search?q=tea") for status, loc in opened if status == 303]
+        return opened, [status for status, _ in await asyncio.gather(*(asyncio.wait_for(c, 60) for c in clicks))]
+
+    return asyncio.run(run())
+
+
+def test_500_concurrent_shoppers_keep_their_sessions_or_are_told_the_server_is_busy(make_shop):
+    with make_server(ShopSite(make_shop), port=0).start_in_thread() as srv:  # the default cap: 256
+        opened, clicks = shoppers(srv.server_address[1], 500)
+        statuses = sorted({status for status, _ in opened})
+        assert statuses == [303, 503] and sum(status == 303 for status, _ in opened) == 256, statuses
+        assert clicks == [303] * 256  # before: 244 of the 500 lost their session before their first click
+    with make_server(ShopSite(make_shop, max_sessions=512), port=0).start_in_thread() as srv:
+        opened, clicks = shoppers(srv.server_address[1], 500)
+        assert [status for status, _ in opened] == [303] * 500 and clicks == [303] * 500
+
+
+def test_serve_main_refuses_a_bad_session_cap(capsys):
+    with pytest.raises(SystemExit):
+        serve_main(["--max-sessions", "0", "--port", "0"])
+    assert "--max-sessions must be at least 1" in capsys.readouterr().err

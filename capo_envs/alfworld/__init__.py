@@ -1,43 +1,14 @@
 """The alfworld domain: the real ALFWorld games (``capo/ALFWorld-v0``) and generated ones
 (``capo/SynthHouse-v0``), both played by ALFWorld's own engine (TextWorld's PDDL engine with Fast Downward)
-in a child process per env. docs/envs/alfworld.md has the contract, the data and the measurements.
+in a child process per env. ``env.py`` holds the env (``HouseEnv``, ``ALFWorldEnv``), ``synth.py``
+``SynthHouseEnv``, ``world.py`` the household generator, ``engine.py`` the client of the engine process
+(``worker.py``), ``games.py`` the released games' index. docs/envs/alfworld.md has the contract, the data
+and the measurements.
 
 ``CARDS`` lists the ids this package registers (read by ``capo_envs/__init__.py``); keep this module free
 of heavy imports: ``import capo_envs`` imports it.
 """
 
-from __future__ import annotations
+from .cards import CARDS
 
-from ..core.paths import is_prepared
-from ..core.registry import EnvCard
-from .engine import engine_available
-
-_ACTIONS = "<action>command</action> (one admissible command), or <tool_call> env_step with action_format='tool_call'"
-_REWARD = "1 on the step that wins the game (win_reward=10: verl-agent's), else 0; non-admissible commands: 'Nothing happens.'"
-_METRICS = "success, nonadmissible"
-
-CARDS: tuple[EnvCard, ...] = (
-    EnvCard(
-        id="capo/ALFWorld-v0",
-        entry_point="capo_envs.alfworld.env:ALFWorldEnv",
-        summary="ALFWorld's household text games (6 task types; train 3,553 / valid_seen 140 / valid_unseen 134) on the real engine",
-        data="ALFWorld's release (json_2.1.1 games + logic/) and the engine extra: pip install 'capo-gym[alfworld]'",
-        prepare="capo data prepare alfworld",
-        # Both the games and the engine: without either, gym.make fails, so offline tests must skip the id.
-        data_ready=lambda: is_prepared("alfworld") and engine_available(),
-        action_format=_ACTIONS,
-        reward=_REWARD,
-        metrics=_METRICS,
-    ),
-    EnvCard(
-        id="capo/SynthHouse-v0",
-        entry_point="capo_envs.alfworld.synthhouse:SynthHouseEnv",
-        summary="generated ALFWorld households (all 6 task types, size=tiny|small|medium|large) played by the real ALFWorld engine",
-        data="none (generated from a seed); needs the engine extra: pip install 'capo-gym[alfworld]'",
-        prepare="pip install 'capo-gym[alfworld]'",
-        data_ready=engine_available,
-        action_format=_ACTIONS,
-        reward=_REWARD,
-        metrics=_METRICS,
-    ),
-)
+__all__ = ["CARDS"]

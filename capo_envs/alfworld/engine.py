@@ -28,6 +28,28 @@ class EngineTimeout(EngineError):
     pass
 
 
+class EngineDied(EngineError):
+    """The engine process had exited (crashed, killed, out of memory) before a call that needed its game."""
+
+
+# The requests that start from nothing (they load a game); any other needs the game a live process holds.
+FRESH_OPS = frozenset({"load", "load_synth", "close"})
+
+
+def describe_exit(code: int | None) -> str:
+    """``-9`` -> "killed by SIGKILL", ``1`` -> "exit code 1"."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            import signal
+
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
 def engine_available() -> bool:
     """Whether the optional ``alfworld`` extra (alfworld, TextWorld, its Fast Downward) is installed."""
     from importlib.util import find_spec
@@ -67,6 +89,7 @@ class Engine:
         self._process: subprocess.Popen | None = None
         self._buffer = b""
         self._finalizer: weakref.finalize | None = None
+        self.death: str | None = None  # how the last process died unasked, until ``take_death()`` reads it
 
     @property
     def pid(self) -> int | None:
@@ -74,6 +97,23 @@ class Engine:
 
     def alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
+
+    def check_alive(self) -> bool:
+        """Whether the process is running; a process that exited unasked is reaped and its death recorded
+        in ``death`` (so that the caller can say the engine died, not that it has no game)."""
+        if self._process is None:
+            return False
+        code = self._process.poll()
+        if code is None:
+            return True
+        self.death = f"the engine process died ({describe_exit(code)})"
+        self.close()
+        return False
+
+    def take_death(self) -> str | None:
+        """How the previous process died unasked (None if it did not), once: reading clears it."""
+        death, self.death = self.death, None
+        return death
 
     def _start(self) -> None:
         require_engine()
@@ -92,7 +132,13 @@ class Engine:
         self._finalizer = weakref.finalize(self, _kill, self._process)
 
     def call(self, request: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        first = not self.alive()
+        """Send ``request``; a process is started when none runs. A request that needs the game of a process
+        that has died (``step``, ``reset``) raises :class:`EngineDied` instead of going to a fresh process,
+        which would only answer "no game loaded"."""
+        first = not self.check_alive()
+        op = request.get("op", "?")
+        if first and self.death is not None and op not in FRESH_OPS:
+            raise EngineDied(f"{self.take_death()} before {op!r}; the game it held is lost")
         if first:
             self.close()
             self._start()
@@ -103,9 +149,11 @@ class Engine:
             self._process.stdin.write((json.dumps(request) + "\n").encode("utf-8"))
             self._process.stdin.flush()
         except (BrokenPipeError, OSError) as error:
+            code = self._process.poll()
             self.close()
-            raise EngineError(f"the engine process died ({error})") from None
-        line = self._read_line(time.monotonic() + limit, request.get("op", "?"), limit)
+            raise EngineDied(f"the engine process died ({describe_exit(code) if code is not None else error}) "
+                             f"before {op!r}") from None
+        line = self._read_line(time.monotonic() + limit, op, limit)
         reply = json.loads(line)
         if "error" in reply:
             raise EngineError(f"the engine failed on {request.get('op')!r}: {reply['error']}")
@@ -124,9 +172,12 @@ class Engine:
                 continue
             chunk = os.read(fd, 1 << 20)
             if not chunk:
-                code = self._process.poll()
+                try:
+                    code = self._process.wait(timeout=2)  # end-of-output: it is exiting, or has
+                except subprocess.TimeoutExpired:
+                    code = None
                 self.close()
-                raise EngineError(f"the engine process exited (code {code}) during {op!r}")
+                raise EngineDied(f"the engine process died ({describe_exit(code)}) during {op!r}")
             self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line

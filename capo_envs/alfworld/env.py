@@ -24,7 +24,11 @@ PDDL engine with ALFWorld's wrappers) plays the chosen game, and the Gymnasium c
 
 Every engine call has a timeout (``engine_timeout`` seconds, plus the start-up on the first call); a call that
 runs past it kills the engine process, and the step ends the episode as ``truncated`` with
-``ended_by="engine_error"`` (the next reset starts a fresh process). ``close()`` ends the process.
+``ended_by="engine_error"`` and ``info["engine_error"]`` saying what happened (the next reset starts a fresh
+process). An engine process that died between calls (killed, out of memory) is reported the same way by the
+step that finds it ("the engine process died (killed by SIGKILL) before 'step'"), never replaced silently by a
+fresh process without the game; a reset that finds it dead starts a fresh one and says so in
+``info["engine_restarted"]``. ``close()`` ends the process.
 """
 
 from __future__ import annotations
@@ -36,14 +40,14 @@ from typing import Any, Sequence
 from ..core.env import Outcome, TextEnv
 from ..core.paths import DataNotPreparedError, dataset_dir, is_prepared
 from ..core.protocol import Action
-from .engine import Engine, EngineError, require_engine
+from .engine import Engine, EngineDied, EngineError, require_engine
 from .games import GameRef, canonical_split, find_games, resolve_task_types
 from .protocol import make_protocol
 
 DEFAULT_MAX_STEPS = 50  # ALFWorld's config (max_nb_steps_per_episode) and verl-agent's env.max_steps
 PRESETS = {
     "alfworld": {"max_steps": 50, "action_format": "tags", "win_reward": 1.0},
-    # CAPO recipe/alfworld: 20 steps, env_step tool calls, reward 1/0 (capo-spec 3.3).
+    # the CAPO authors' recipe/alfworld: 20 steps, env_step tool calls, reward 1/0.
     "capo": {"max_steps": 20, "action_format": "tool_call", "win_reward": 1.0},
     # verl-agent/GiGPO: 50 steps, <action> tags, 10 on a win.
     "verl-agent": {"max_steps": 50, "action_format": "tags", "win_reward": 10.0},
@@ -101,12 +105,23 @@ class HouseEnv(TextEnv):
     def _start(self, task_id: str) -> tuple[str, dict[str, Any]]:
         self._nonadmissible = 0
         self._engine_failure = None
-        request = {"op": "reset"} if self._loaded == task_id and self._engine.alive() else self._load_request(task_id)
+        alive = self._engine.check_alive()
+        died = self._engine.take_death()  # the process died unasked since the last call: say so, then start afresh
+        request = {"op": "reset"} if self._loaded == task_id and alive else self._load_request(task_id)
         self._loaded = None
-        state = self._engine.call(request)  # an engine failure at reset raises: there is no episode to end
+        try:
+            state = self._engine.call(request)  # an engine failure at reset raises: there is no episode to end
+        except EngineDied as error:
+            if request["op"] != "reset":
+                raise
+            died = str(error)  # it died between the check and the call: load the game in a fresh one
+            state = self._engine.call(self._load_request(task_id))
         self._loaded = task_id
         self._state = state
-        return self._observe(state), {"task_type": self.task_type(task_id)}
+        info: dict[str, Any] = {"task_type": self.task_type(task_id)}
+        if died is not None:
+            info["engine_restarted"] = f"{died}; this episode runs in a fresh engine process"
+        return self._observe(state), info
 
     def _act(self, action: Action) -> Outcome:
         command = normalize_command(action.args["command"])
@@ -151,6 +166,7 @@ class HouseEnv(TextEnv):
             observation = self._fit(observation + "\n" + self._actions_text())
         if self._engine_failure is not None and truncated:
             info["ended_by"] = "engine_error"
+            info["engine_error"] = self._engine_failure
             info["metrics"]["steps"] = float(steps_before + 1)
             self._steps = steps_before + 1
         return observation, reward, terminated, truncated, info

@@ -109,8 +109,8 @@ def is_playable(game_file: Path) -> tuple[bool, str]:
 def find_games(data_dir: str | os.PathLike, split: str, task_types: Sequence[str] = TASK_TYPE_NAMES) -> list[GameRef]:
     """Every playable game of ``split`` under ``data_dir``, sorted by id; ``NoGamesError`` when there is none.
 
-    With the index ``capo data prepare alfworld`` writes (``games.json``), no game file is opened: the walk
-    parses every traj_data.json (about 280 KB each), some 7 s for the 3,553 train games."""
+    With the index ``capo data prepare alfworld`` writes (``games.json``), no game file is opened; without it,
+    every traj_data.json of the split is parsed, which takes seconds for the train split (docs/envs/alfworld.md)."""
     split = canonical_split(split)
     data_dir = Path(data_dir).expanduser()
     root = data_dir / GAMES_FOLDER / split

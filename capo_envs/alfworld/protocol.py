@@ -1,6 +1,6 @@
 """The ALFWorld action formats: ``<action>command</action>`` (verl-agent/GiGPO's tag), or the CAPO authors'
 tool call ``<tool_call>{"name": "env_step", "arguments": {"command": ...}}</tool_call>``
-(CAPO ``recipe/alfworld``; capo-spec 3.3). One command per turn; there is no final answer tool, since the
+(their ``recipe/alfworld``). One command per turn; there is no final answer tool, since the
 game ends when it is won.
 """
 

@@ -14,7 +14,7 @@ Requests (one JSON object per line) and replies (one per request):
   {"op": "load", "path": ".../game.tw-pddl"}         -> the state after reset
   {"op": "load_synth", "task_id": ..., "task_type": ..., "size": ...}
                                                     -> the same for a SynthHouse game, generated here
-                                                       (housegen.make_game) and written to this process's own
+                                                       (world.make_game) and written to this process's own
                                                        temporary folder: the expert reads traj_data.json beside it
   {"op": "reset"}                                    -> the state after reset (same game)
   {"op": "step", "command": "go to fridge 1"}        -> the state after the command
@@ -93,9 +93,9 @@ def cache_parses(size: int = 4096) -> None:
     TextWorld's text generator re-parses, with TatSu, the symbol string it derives (``textgen._parse_and_convert``)
     and every rule condition it tests (``Rule.parse_conjunctive_query``) on every step: about two thirds of a
     step. Both depend only on the string. Derivations mutate the symbols they get, so those are deep copies
-    of the cached parse; query rules are only read. Checked: the feedback, admissible commands, ``won`` and
-    expert commands of 121 states (four SynthHouse games twice, the real game to its win) are identical with
-    and without this; a step of the real game took 46 ms instead of 141 ms."""
+    of the cached parse; query rules are only read. The cache changes no output (feedback, admissible
+    commands, ``won``, expert commands); docs/envs/alfworld.md ("Engine processes") has that check and the
+    time it saves."""
     import copy
     import functools
 
@@ -177,7 +177,7 @@ class Game:
         solvability check (the expert played to the end) passes: a draw it loses is replaced by the next
         draw (``task_id#1``, ``#2``, ...). The draw that passed is remembered, so a later reset of the same
         task skips the check."""
-        from capo_envs.alfworld.housegen import EXPERT_BUDGET, make_game
+        from capo_envs.alfworld.world import EXPERT_BUDGET, make_game
 
         folder = os.path.join(self.workdir, "game")
         os.makedirs(folder, exist_ok=True)

@@ -11,7 +11,7 @@ from .protocol import (
     ToolSpec,
     make_protocol,
 )
-from .registry import CATALOG, EnvCard, register_card
+from .registry import CATALOG, EnvCard, cpu_preset, register_card
 from .spaces import UnicodeText
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "ToolCallProtocol",
     "ToolSpec",
     "UnicodeText",
+    "cpu_preset",
     "data_dir",
     "dataset_dir",
     "is_prepared",

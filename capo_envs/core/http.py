@@ -1,14 +1,23 @@
-"""The plumbing shared by capo's small loopback JSON servers (``capo serve-retriever``, ``capo serve``).
+"""The plumbing shared by capo's small loopback servers (``capo serve-retriever``, ``capo serve``, ``capo serve
+papers``, ``capo serve webshop``, ``capo view``).
 
 Standard library only, so that serving never needs a web framework. A :class:`JSONServer` binds on
 construction and serves on :meth:`~JSONServer.serve_forever` or :meth:`~JSONServer.start_in_thread`;
 a :class:`JSONHandler` answers everything in JSON, protocol errors included, and reads bodies with a
 size limit and a timeout. A client's mistake is a :class:`RequestError` (a 4xx), never a dead server;
 a bug is a JSON 500, never a connection dropped without an answer.
+
+Slow clients are bounded too, so that a few sockets cannot hold every thread (slowloris): a request's line and
+headers must arrive within ``header_timeout`` seconds (counted from the connection's opening, or from the
+previous answer on a kept-alive connection), its body within ``body_timeout``, and no read waits more than
+``request_timeout`` for the next bytes. A request whose head is cut short by a deadline is answered 408; a
+connection that sent nothing is closed. HTTP/0.9's request line without a version (``GET /``) is a 400, not a
+wait for headers that such a client never sends.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
@@ -37,6 +46,8 @@ SOMAXCONN = "/proc/sys/net/core/somaxconn"
 # first stops writing, then reads and drops what is still coming, up to these limits ("lingering close").
 LINGER_SECONDS = 2.0
 LINGER_BYTES = 64 << 20
+HEADER_TIMEOUT = 10.0  # seconds for a request's line and headers, idle time on a kept-alive connection included
+BODY_TIMEOUT = 60.0  # seconds for a body: the 8 MiB limit at 140 kB/s; loopback takes milliseconds
 
 _Server = TypeVar("_Server", bound="JSONServer")
 
@@ -64,12 +75,18 @@ class JSONServer(ThreadingHTTPServer):
         *,
         max_body_bytes: int = 8 << 20,
         request_timeout: float = 30.0,
+        header_timeout: float = HEADER_TIMEOUT,
+        body_timeout: float = BODY_TIMEOUT,
         verbose: bool = False,
     ):
-        """Bind ``host:port`` (port 0 picks a free one) without serving yet. ``verbose`` logs every request."""
+        """Bind ``host:port`` (port 0 picks a free one) without serving yet. ``verbose`` logs every request.
+        ``request_timeout``: the longest wait for a client's next bytes; ``header_timeout``: for a request's
+        line and headers in all; ``body_timeout``: for its body in all (see the module's docstring)."""
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.max_body_bytes = max_body_bytes
         self.request_timeout = request_timeout
+        self.header_timeout = header_timeout
+        self.body_timeout = body_timeout
         self.verbose = verbose
         self._serving = False
         self._thread: threading.Thread | None = None
@@ -130,10 +147,13 @@ class JSONHandler(BaseHTTPRequestHandler):
 
     def handle_one_request(self) -> None:
         """http.server's, with a safety net: an unexpected error in a handler is answered with a JSON 500
-        (when nothing was sent yet) instead of a connection closed without an answer."""
+        (when nothing was sent yet) instead of a connection closed without an answer; and with a deadline on
+        the request's line and headers, answered 408 when it cuts a request short."""
         self._answered = False
+        self.requestline, self.request_version, self.command = "", self.default_request_version, None
+        self._reader.start(self.server.header_timeout)
         try:
-            super().handle_one_request()
+            super().handle_one_request()  # a timeout (TimeoutError) ends it quietly, with close_connection set
         except OSError:
             raise  # the client went away or timed out; socketserver closes the connection quietly
         except Exception as e:  # noqa: BLE001 - one bad request must not cost its client an answer
@@ -141,11 +161,35 @@ class JSONHandler(BaseHTTPRequestHandler):
             self._close_after_answer()
             if not self._answered:
                 self._send_error_json(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {type(e).__name__}")
+            return
+        if self._reader.timed_out and self._reader.in_head and self._reader.received and not self._answered:
+            self._close_after_answer()
+            message = f"the request's line and headers did not arrive within {self.server.header_timeout:g} s"
+            try:
+                self._send_error_json(HTTPStatus.REQUEST_TIMEOUT, message)
+            except OSError:
+                pass
+
+    def parse_request(self) -> bool:
+        """http.server's, refusing HTTP/0.9 (a request line without a version: its client sends no headers,
+        so reading them would wait for the timeout), and starting the body's deadline once the head is in."""
+        words = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n").split()
+        if len(words) == 2:
+            self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+            self.close_connection = True
+            self.send_error(HTTPStatus.BAD_REQUEST, f"HTTP/0.9 is not supported: {brief(self.requestline)} has no "
+                                                    "HTTP version (send e.g. 'GET / HTTP/1.1' and headers)")
+            return False
+        parsed = super().parse_request()
+        self._reader.body(self.server.body_timeout)
+        return parsed
 
     def setup(self) -> None:
         self.timeout = self.server.request_timeout  # a body shorter than its Content-Length must not hang a thread
         self._linger = False
         super().setup()
+        self._reader = _DeadlineReader(self.connection, self.timeout)
+        self.rfile = io.BufferedReader(self._reader, io.DEFAULT_BUFFER_SIZE)
 
     def finish(self) -> None:
         if self._linger:
@@ -206,13 +250,19 @@ class JSONHandler(BaseHTTPRequestHandler):
         if length > self.server.max_body_bytes:
             message = f"body of {length} bytes exceeds the limit of {self.server.max_body_bytes}"
             raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, message)
-        try:
-            body = self.rfile.read(length)
-        except (TimeoutError, OSError):
-            body = b""
-        if len(body) < length:
-            raise RequestError(HTTPStatus.BAD_REQUEST, f"body ended after {len(body)} of {length} bytes")
-        return body
+        chunks, received, why = [], 0, "ended"
+        while received < length:
+            try:
+                chunk = self.rfile.read1(min(length - received, 1 << 20))
+            except TimeoutError:
+                chunk, why = b"", "timed out"
+            except OSError:
+                chunk = b""
+            if not chunk:
+                raise RequestError(HTTPStatus.BAD_REQUEST, f"body {why} after {received} of {length} bytes")
+            chunks.append(chunk)
+            received += len(chunk)
+        return b"".join(chunks)
 
     def _reject(self, error: RequestError) -> None:
         """Answer a client's mistake and close the connection."""
@@ -249,6 +299,50 @@ class JSONHandler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.verbose:
             super().log_message(format, *args)
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A connection's bytes for the handler's ``rfile``: no read waits longer than ``idle`` seconds for the next
+    bytes, nor past the current phase's deadline (the head's or the body's), so that a client trickling a byte
+    at a time holds a thread for a bounded time only. Closing it leaves the socket to socketserver."""
+
+    def __init__(self, sock: socket.socket, idle: float | None):
+        super().__init__()
+        self.sock, self.idle = sock, idle
+        self.deadline: float | None = None
+        self.in_head, self.received, self.timed_out = True, 0, False
+
+    def start(self, header_timeout: float | None) -> None:
+        """A new request: its line and headers are due within ``header_timeout`` seconds."""
+        self.in_head, self.received, self.timed_out = True, 0, False
+        self.deadline = None if header_timeout is None else time.monotonic() + header_timeout
+
+    def body(self, body_timeout: float | None) -> None:
+        """The head is in: what is read from now on (the body) is due within ``body_timeout`` seconds."""
+        self.in_head = False
+        self.deadline = None if body_timeout is None else time.monotonic() + body_timeout
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        timeout = self.idle
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                self.timed_out = True
+                raise TimeoutError("the request's deadline passed")
+            timeout = left if timeout is None else min(timeout, left)
+        self.sock.settimeout(timeout)
+        try:
+            n = self.sock.recv_into(buffer)
+        except TimeoutError:
+            self.timed_out = True
+            raise
+        finally:
+            self.sock.settimeout(self.idle)  # writes keep the plain timeout
+        self.received += n
+        return n
 
 
 def json_object(body: bytes) -> dict:

@@ -20,9 +20,20 @@ class EnvCard:
     prepare: str | None = None  # the command that prepares its data; None when it needs none
     data_ready: Callable[[], bool] = lambda: True
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # kwargs that size the env for training on a CPU (a small world, short observations); `capo train` uses
+    # them when `env.kwargs` is null. The registered id itself keeps the env's full-size defaults.
+    cpu_preset: dict[str, Any] = field(default_factory=dict)
+    # what the preset changes from the defaults, and why, in a sentence (`capo envs -v` shows it)
+    cpu_preset_why: str = ""
 
 
 CATALOG: dict[str, EnvCard] = {}
+
+
+def cpu_preset(env_id: str) -> dict[str, Any]:
+    """The CPU preset of a registered capo id (``module:Id`` accepted), or {} for any other id."""
+    card = CATALOG.get(env_id.rpartition(":")[2])
+    return dict(card.cpu_preset) if card else {}
 
 
 def register_card(card: EnvCard) -> None:

@@ -1,39 +1,17 @@
-"""The papers domain: its engine, its real env and its generated (Synth*) variant.
+"""The papers domain: academic paper search (PaSa / the CAPO authors' flow), building a pool of papers
+with search and citation-expand calls.
+
+``capo/PaperSearch-v0`` runs on PaSa's AutoScholarQuery / RealScholarQuery over a prepared arXiv database
+(``env.py``: ``PaperSearchEnv``, ``make_papersearch_env``; ``db.py``); ``capo/SynthScholar-v0``
+(``synth.py``) over a generated scholarly world with a citation graph (``world.py``, ``vocab.py``).
+``protocol.py`` holds the multi-call action format, ``selector.py`` the relevance scorer, ``server.py`` a
+Semantic Scholar-style HTTP API over a database. docs/envs/papers.md has the contract, the data and the
+measurements.
 
 ``CARDS`` lists the ids this package registers (read by ``capo_envs/__init__.py``); keep this module free
 of heavy imports: ``import capo_envs`` imports it.
 """
 
-from __future__ import annotations
+from .cards import CARDS
 
-from ..core.paths import is_prepared
-from ..core.registry import EnvCard
-
-_ACTIONS = ("up to 5 of <search>query</search> | <expand>arXiv id</expand> per turn, or <stop></stop> "
-            "(or Hermes <tool_call> with action_format='tool_call')")
-_REWARD = ("reward='gold' (default): 1/|gold| per newly found gold paper; 'selector': per call the top-3 selector "
-           "scores of new papers (the paper's); 'mix'; -0.5 per repeated query or bad expand")
-_METRICS = "success (= recall_all), precision/recall/f1 at all, 100, 50, 25, pool_size, searches, expands"
-
-CARDS: tuple[EnvCard, ...] = (
-    EnvCard(
-        id="capo/SynthScholar-v0",
-        entry_point="capo_envs.papers.synth:SynthScholarEnv",
-        summary="paper search (search + citation expand) over a generated scholarly world with a citation graph",
-        data="none (generated from a seed in about a second; size=tiny|small|medium|large)",
-        action_format=_ACTIONS,
-        reward=_REWARD,
-        metrics=_METRICS,
-    ),
-    EnvCard(
-        id="capo/PaperSearch-v0",
-        entry_point="capo_envs.papers.real:make_papersearch_env",
-        summary="PaSa's AutoScholarQuery / RealScholarQuery over a local arXiv database with citation edges",
-        data="arXiv metadata (CC0) + citation edges in SQLite, PaSa's queries",
-        prepare="capo data prepare papers",
-        data_ready=lambda: is_prepared("papers"),
-        action_format=_ACTIONS,
-        reward=_REWARD,
-        metrics=_METRICS,
-    ),
-)
+__all__ = ["CARDS"]

@@ -17,6 +17,15 @@ client's cap), so it is fixed and documented here.
 Search: the query's words (stop words dropped) are OR-ed, so that a natural-language query ranks papers by
 how many of its rarer words they hold, as a web search engine would; an AND query of a whole question
 would match nothing.
+
+Search engines (``PaperDB(search_engine=...)``): ``"fts5"`` ranks inside SQLite (the ``papers_fts``
+table); ``"bm25"`` ranks with the project's BM25 over title and abstract (``search.py``: about 1-2 ms a
+search at 1M papers where FTS5 takes 80-100 ms), SQLite keeping metadata, dates and edges;
+``"auto"`` (the default) uses FTS5 below ``search.BM25_MIN_PAPERS`` papers for a file (20k; fast there,
+and nothing to build; the BM25 index is saved beside the file) or ``BM25_MIN_PAPERS_IN_MEMORY`` for an
+in-memory database (200k: its index is built in each process, shared by equal databases), BM25 from there on. Both OR the same query words, return only papers holding one of them, break
+ties by rowid (publication order) and apply a date cut-off exactly. ``papers_fts`` stays in every
+database: the server's bulk search matches with it.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 from .ids import normalize_arxiv_id
+from .search import BM25_MIN_PAPERS, BM25_MIN_PAPERS_IN_MEMORY, ENGINES, LazyIndex
 
 SCHEMA_VERSION = 1
 TITLE_WEIGHT, ABSTRACT_WEIGHT = 2.0, 1.0
@@ -39,7 +49,8 @@ MAX_QUERY_TERMS = 32  # a query longer than this is cut: FTS5 cost grows with ev
 # A search ranks every paper that holds any of its words, so a common word ("study", "image") would make
 # each search rank a large share of the index. Words are taken rarest first until their document
 # frequencies add up to this many postings (the rarest word is always kept): the common words dropped
-# carry the least BM25 weight. Under about 100k papers nothing is dropped; measured in bench_papers.py.
+# carry the least BM25 weight. In a small database (under about 100k papers) nothing is dropped
+# (benchmarks/bench_papers.py).
 MAX_POSTINGS = 100_000
 DF_CACHE_SIZE = 100_000
 DATE_WINDOW = 5  # a search with a date cut-off first ranks 5x the page and filters it by date
@@ -223,10 +234,16 @@ class PaperDB:
     connection per thread; an in-memory one (:meth:`from_records`) one connection behind a lock.
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, search_engine: str = "auto", index_dir: str | Path | None = None):
+        """``search_engine``: ``"auto"``, ``"fts5"`` or ``"bm25"`` (module docstring); ``index_dir``: where the
+        BM25 index is kept (default ``<path>.bm25`` beside the file; built there on the first BM25 search)."""
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"no paper database at {self.path}")
+        self._init_state(search_engine)
+        self.index_dir = Path(index_dir) if index_dir is not None else self.path.with_name(self.path.name + ".bm25")
+
+    def _init_state(self, search_engine: str) -> None:
         self._memory: sqlite3.Connection | None = None
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -234,14 +251,40 @@ class PaperDB:
         self._size: int | None = None
         self._df: dict[str, int] = {}
         self._by_date: bool | None = None
+        self.search_engine = search_engine
+        self._bm25 = LazyIndex()
+
+    @property
+    def search_engine(self) -> str:
+        """What was asked for: ``"auto"``, ``"fts5"`` or ``"bm25"`` (settable); ``engine`` is what ranks."""
+        return self._search_engine
+
+    @search_engine.setter
+    def search_engine(self, value: str) -> None:
+        if value not in ENGINES:
+            raise ValueError(f"search_engine must be one of {ENGINES}, got {value!r}")
+        self._search_engine = value
+
+    @property
+    def engine(self) -> str:
+        """The engine searches use: ``"fts5"`` or ``"bm25"`` (``"auto"`` decided by size)."""
+        if self._search_engine != "auto":
+            return self._search_engine
+        threshold = BM25_MIN_PAPERS if self._memory is None else BM25_MIN_PAPERS_IN_MEMORY
+        return "bm25" if len(self) >= threshold else "fts5"
+
+    def bm25_index(self):
+        """The BM25 index (``search.BM25PaperIndex``), loaded or built on first call."""
+        return self._bm25.get(self, self.index_dir)
 
     @classmethod
-    def from_records(cls, papers: Iterable[Paper], edges: Iterable[tuple[str, str]] = (), **meta: str) -> PaperDB:
-        """An in-memory database (nothing on disk), e.g. for a generated world."""
+    def from_records(cls, papers: Iterable[Paper], edges: Iterable[tuple[str, str]] = (), *,
+                     search_engine: str = "auto", **meta: str) -> PaperDB:
+        """An in-memory database (nothing on disk), e.g. for a generated world; a BM25 index lives in memory."""
         db = cls.__new__(cls)
         db.path = Path(":memory:")
-        db._local, db._lock, db._connections, db._size = threading.local(), threading.Lock(), [], None
-        db._df, db._by_date = {}, None
+        db._init_state(search_engine)
+        db.index_dir = None
         db._memory = sqlite3.connect(":memory:", check_same_thread=False)
         _fill(db._memory, papers, edges, meta)
         db._memory.commit()
@@ -262,6 +305,7 @@ class PaperDB:
         return conn.execute(sql, params).fetchall()
 
     def close(self) -> None:
+        self._bm25.close()
         with self._lock:
             for conn in self._connections:
                 conn.close()
@@ -351,9 +395,12 @@ class PaperDB:
     def search(self, query: str, limit: int = 10, offset: int = 0, max_date: str | None = None) -> list[Paper]:
         """Papers ranked by BM25 for the words of ``query``; ``max_date`` (ISO) hides later papers.
 
-        Ranking runs inside FTS5 alone and only the winners are joined with ``papers`` (a third of the time
-        of ranking the join, measured on 1M papers). With ``max_date``, a window DATE_WINDOW times larger
-        is ranked and filtered by date; only when too few survive is the whole join ranked."""
+        Ranking runs inside FTS5 alone and only the winners are joined with ``papers``: much faster than
+        ranking the join (docs/envs/papers.md, "Measured"). With ``max_date``, a window DATE_WINDOW times larger
+        is ranked and filtered by date; only when too few survive is the whole join ranked. With the BM25
+        engine (``engine``), ``search.BM25PaperIndex.ranked`` ranks and SQLite reads the winners."""
+        if self.engine == "bm25":
+            return self._search_bm25(query, limit, offset, max_date)
         match = self.match_expression(query)
         if match is None or limit <= 0:
             return []
@@ -375,8 +422,23 @@ class PaperDB:
             rows = self._rows(sql, [match, max_date, limit, offset])
         return [_row_to_paper(r) for r in rows]
 
+    def _search_bm25(self, query: str, limit: int, offset: int, max_date: str | None) -> list[Paper]:
+        words = query_words(query)
+        if not words or limit <= 0:
+            return []
+        rowids = self.bm25_index().ranked(words, offset + limit, max_date)[offset:]
+        if not rowids:
+            return []
+        rows = self._rows(f"SELECT p.rowid, {_COLUMNS} FROM papers p WHERE p.rowid IN ({','.join('?' * len(rowids))})",
+                          rowids)
+        by_rowid = {r[0]: r[1:] for r in rows}
+        return [_row_to_paper(by_rowid[r]) for r in rowids if r in by_rowid]
+
     def search_total(self, query: str, max_date: str | None = None, cap: int = SEARCH_WINDOW) -> int:
         """How many papers ``search`` can return, counted up to ``cap``."""
+        if self.engine == "bm25":
+            words = query_words(query)
+            return len(self.bm25_index().ranked(words, cap, max_date)) if words and cap > 0 else 0
         match = self.match_expression(query)
         if match is None:
             return 0

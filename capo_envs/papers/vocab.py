@@ -81,7 +81,8 @@ METHODS: tuple[str, ...] = (
     "tensor decomposition", "matrix factorization", "boosted trees", "linear probing", "early fusion",
 )  # fmt: skip
 
-# Filler: generic research words in no method or task above (checked by tests/test_papers_world.py).
+# Filler: generic research words in no method or task above
+# (checked by tests/test_papers_env.py::test_filler_words_never_name_a_method_or_task).
 FILLER_ADJECTIVES = (
     "robust", "efficient", "scalable", "principled", "practical", "unified", "lightweight", "accurate",
     "interpretable", "reliable", "flexible", "simple", "strong", "faithful", "stable", "general",

@@ -13,16 +13,13 @@ from typing import Any, Sequence
 
 from ..core.env import Outcome, TextEnv
 from ..core.paths import dataset_dir, require
-from ..core.protocol import Action, ToolSpec, make_protocol
+from ..core.protocol import Action
 from ..retrieval.base import Hit, Retriever
 from .metrics import exact_match, f1_score
+from .protocol import make_qa_protocol
 from .task import QATask
 
-QA_TOOLS = (
-    ToolSpec("search", "query", "search the knowledge base; you will see the top passages"),
-    ToolSpec("answer", "answer", "give the final answer as a short phrase; this ends the episode"),
-)
-NO_ANSWER = "unknown"
+NO_ANSWER = "unknown"  # what the oracle answers when its searches missed a gold passage
 
 
 def format_passages(hits: Sequence[Hit], max_chars: int | None) -> str:
@@ -68,7 +65,7 @@ class MultiHopQAEnv(TextEnv):
         if isinstance(support_reward, bool) or not isinstance(support_reward, (int, float)) or support_reward < 0:
             raise ValueError(f"support_reward must be a number >= 0, got {support_reward!r}")
         super().__init__(
-            make_protocol(action_format, QA_TOOLS),
+            make_qa_protocol(action_format),
             max_steps=max_steps,
             invalid_penalty=invalid_penalty,
             max_context_chars=max_context_chars,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .base import CachedRetriever, Hit, Passage, Retriever, read_corpus, write_corpus
-from .bm25 import BM25Retriever, choose_engine
+from .bm25 import BM25Retriever, choose_library, refuse_removed_keywords
 
 __all__ = [
     "Passage", "Hit", "Retriever", "CachedRetriever", "read_corpus", "write_corpus",
@@ -19,7 +19,7 @@ __all__ = [
 ]
 
 KINDS = ("bm25", "lucene", "dense", "hybrid")
-_BM25_KWARGS = {"engine", "show_progress", "kernel", "threads", "analyzer", "memory_bytes"}
+_BM25_KWARGS = {"library", "show_progress", "kernel", "threads", "analyzer", "memory_bytes"}
 _HYBRID_KWARGS = {"rrf_k", "depth", "weights"}
 
 
@@ -44,15 +44,15 @@ def _saved_lucene(index_dir: Path) -> bool:
 
 
 def _build_bm25(passages: Sequence[Passage], kwargs: dict[str, Any]) -> Retriever:
-    """Kind ``bm25``: ``BM25Retriever``, or Lucene when ``engine="auto"`` finds that the build of
-    neither Java-free engine fits in memory and Lucene is installed (``bm25.engine_choice``)."""
+    """Kind ``bm25``: ``BM25Retriever``, or Lucene when ``library="auto"`` finds that the build of
+    neither Java-free library fits in memory and Lucene is installed (``bm25_choice.library_choice``)."""
     kwargs = dict(kwargs)
     memory_bytes = kwargs.pop("memory_bytes", None)
-    if kwargs.get("engine", "auto") == "auto":  # only "auto" may hand over; engine="lucene" is no engine of kind bm25
-        kwargs["engine"] = choose_engine(
+    if kwargs.get("library", "auto") == "auto":  # only "auto" hands over; library="lucene" is kind lucene, not bm25
+        kwargs["library"] = choose_library(
             len(passages), kwargs.get("kernel", "auto"), memory_bytes, analyzer=kwargs.get("analyzer")
         )
-        if kwargs["engine"] == "lucene":
+        if kwargs["library"] == "lucene":
             from .lucene import LuceneRetriever
 
             return LuceneRetriever.build(passages, threads=kwargs.get("threads") or 1, show_progress=kwargs.get("show_progress", False))
@@ -87,24 +87,24 @@ def open_retriever(
     A saved index in ``index_dir`` is loaded; otherwise one is built from ``passages`` (or the JSONL
     ``corpus``) and saved to ``index_dir`` when given. ``hybrid`` keeps its BM25 and dense indexes
     in ``index_dir/bm25`` and ``index_dir/dense``. ``kwargs`` go to the backend's ``build`` (for
-    hybrid: ``engine``/``kernel``/``threads``/``analyzer``/``memory_bytes`` to BM25,
+    hybrid: ``library``/``kernel``/``threads``/``analyzer``/``memory_bytes`` to BM25,
     ``rrf_k``/``depth``/``weights`` to the fusion, the rest to dense); a saved BM25 index is loaded
     with ``kernel``/``threads``.
 
-    ``bm25`` with ``engine="auto"`` (``capo_envs.retrieval.bm25.engine_choice``, from the quiet
-    10k/100k/1M run of ``benchmarks/bench_retrieval_scale.py``) picks for speed first: bm25s at
-    every size when numba is installed (faster than Lucene at every size measured; scored by numba
-    from 20k passages on, by scipy below, bit-identically); without numba, bm25s up to 50k passages
-    and tantivy above. Then for memory: when that build's estimated peak (~5.1 KB per passage for
-    bm25s, ~1.2 KB for tantivy, on top of the loaded passages) exceeds 80% of the memory available
-    (``memory_bytes=`` overrides what the machine reports), it builds the ``lucene`` kind instead
-    when pyserini and Java are installed (saved in ``index_dir`` and loaded back as such), else
-    tantivy if that fits, else raises ``MemoryError`` naming the options. A switch is logged in one
-    line; an explicit ``engine="bm25s"``/``"tantivy"`` is always built as asked.
-    bm25s ranks as the ``lucene`` kind (pyserini) does, without Java (``analyzer="lucene"``, the
-    default; ``analyzer="snowball"`` was the default before 2026-12).
+    ``bm25`` with ``library="auto"`` (``capo_envs.retrieval.bm25_choice``) picks a BM25 library for
+    speed first: bm25s at every size when numba is installed (scored by numba from 20k passages on,
+    by scipy below, bit-identically); without numba, bm25s up to 50k passages and tantivy above. Then
+    for memory: when that build's estimated peak (``bm25_choice.BUILD_MEMORY``, on top of the loaded
+    passages) exceeds 80% of the memory available (``memory_bytes=`` overrides what the machine
+    reports), it builds the ``lucene`` kind instead when pyserini and Java are installed (saved in
+    ``index_dir`` and loaded back as such), else tantivy if that fits, else raises ``MemoryError``
+    naming the options. A switch is logged in one line; an explicit ``library="bm25s"``/``"tantivy"``
+    is always built as asked. bm25s ranks as the ``lucene`` kind (pyserini) does, without Java
+    (``analyzer="lucene"``, the default; ``analyzer="snowball"``: bm25s's own analysis).
     With ``cache_size > 0`` the result sits behind an LRU query cache.
     """
+    if kind in ("bm25", "hybrid"):
+        refuse_removed_keywords({k: v for k, v in kwargs.items() if k == "engine"})
     if kind.startswith(("http://", "https://")):
         from .http import HTTPRetriever
 

@@ -1,6 +1,6 @@
 """A compiled (numba) scorer for the bm25s score matrix: the same scores as the scipy product, faster.
 
-The scipy path (``_Bm25sEngine.search`` without numba) multiplies a (query x term) count matrix by
+The scipy path (``Bm25sIndex.search`` without numba) multiplies a (query x term) count matrix by
 the (term x passage) score matrix: every posting of every query term is touched, through a general
 sparse-sparse product that allocates a result matrix per batch. This kernel touches the same
 postings but accumulates them into a reusable dense float32 array, then reads the totals back
@@ -10,11 +10,8 @@ float32 arithmetic, so the scores are bit-identical and the rankings equal (ties
 position, as everywhere in this package). ``benchmarks/bench_retrieval_scale.py`` measures the gain.
 
 The cost is still linear in the postings a query touches (no dynamic pruning such as Lucene's
-block-max WAND), so it grows with the corpus; see ``capo_envs/retrieval/bm25.py`` for the measured
-curve and the engine rule built on it. An exact MaxScore variant (skip the common terms' lists once
-the rare terms' partial scores bound the top k, look candidates up in them by binary search) was
-tried: on the generated 100k-passage corpus it was ~20% slower than these two plain walks, since
-the bound computations cost more than the postings they skipped at that size.
+block-max WAND), so it grows with the corpus: docs/results/performance.md (section 4a) has the measured
+curve and why an exact MaxScore variant was not kept; ``bm25_choice.py`` the rule built on it.
 
 numba is optional (``pip install "capo-gym[bm25-fast]"``); ``available()`` says whether it imports.
 Compiled functions are cached on disk (numba ``cache=True``), so only the first process compiles.
@@ -39,9 +36,7 @@ def available() -> bool:
 
 # Sweep the whole accumulator instead of revisiting the postings when they number more than
 # 1/DENSE_SCAN_RATIO of the passages: a sequential read-and-zero of one float costs several times
-# less than a random one. On the generated corpora of bench_retrieval_scale.py (kernel CPU time per
-# query, 10k / 30k / 100k passages): 0.010 / 0.024 / 0.070 ms with this rule, 0.011 / 0.025 / 0.071
-# always sweeping, 0.014 / 0.038 / 0.115 always revisiting.
+# less than a random one (timings: docs/results/performance.md, section 4a).
 DENSE_SCAN_RATIO = 8
 
 

@@ -15,9 +15,9 @@ per passage (d = embedding size: 384 for MiniLM, 768 for e5/BGE base):
   corpora when not given, down to 4 bits, i.e. 16 passages).
 * ``ivfsq`` (IndexIVFScalarQuantizer; ``nlist`` (as ivfpq), ``bits`` (8, or 6 or 4), ``nprobe``
   (64)): d·bits/8 code bytes + an 8-byte id: 392 B at d=384 with 8 bits. The configuration to use at
-  scale: at 1M passages (synthesised vectors, benchmarks/bench_dense_scale.py, docs/results/performance.md
-  4c) 8 bits and nprobe 64 kept recall@5 0.976 of flat at 398 B per passage (~8.4 GB for 21M) and
-  1.35 ms a query against flat's 109 ms, where ivfpq with 48 codes kept 0.58 and 6 bits 0.94.
+  scale: with 8 bits and nprobe 64 it keeps nearly all of flat's recall for a quarter of its memory and
+  a small fraction of its query time, where ivfpq loses much of it (docs/results/performance.md, 4c,
+  measured with benchmarks/bench_dense_scale.py).
 
 The passages themselves are kept in memory besides the index, as for BM25.
 

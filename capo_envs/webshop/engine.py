@@ -1,6 +1,7 @@
 """WebShop's pages and buttons as a state machine, rendered in the original's simple text mode.
 
-Facts (domain doc §A3; WS web_agent_site/envs/web_agent_text_env.py, engine/engine.py, templates/*.html):
+The original's rules (princeton-nlp/WebShop web_agent_site/envs/web_agent_text_env.py, engine/engine.py,
+templates/*.html):
 
 * pages: search (start), results (10 per page, "Next >" always, "< Prev" from page 2), item (option
   groups, title, price, rating, "Description" / "Features" / "Reviews" / "Buy Now"), sub-pages

@@ -1,31 +1,42 @@
-"""``ShopEnv``: WebShop as a capo TextEnv, over any shop (the real catalogue or SynthShop's generated one).
+"""``ShopEnv``: WebShop as a capo TextEnv, over any shop (the real catalogue or SynthShop's generated one),
+and ``make_webshop_env``, the entry point of ``capo/WebShop-v0`` (SynthShop's is in ``synth.py``).
 
 One task = one goal (by its index in the shuffled goal list, the original's ``fixed_{i}`` session).
 Buying ends the episode (``terminated``) with the original's reward (``reward="score"``) or the CAPO
 authors' (``reward="capo"``: +10 on success, and an invalid action costs 0.1 unless ``invalid_penalty`` is
 given); 15 actions without a purchase truncate it. Success = score 1 (WS baselines' ``r == 1``).
+
+Prepared data (``capo data prepare webshop --size small|full``) lives in ``$CAPO_DATA_DIR/webshop`` (full,
+1.18M products) or ``$CAPO_DATA_DIR/webshop-small`` (1,000): ``products.sqlite`` (products in
+``load_products``' layout and their prices), ``goals_human.json`` / ``goals_synthetic.json`` (shuffled
+with the original's seed 233), ``index/bm25/`` and ``manifest.json``, written last.
+
+Splits index the shuffled goal list as the original does (session ``fixed_{i}`` = goal i): test = goals
+[0, 500), dev = [500, 1500), train = the rest (WS baseline_models); task ids are ``webshop-<goals>-<i>``.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..core.env import Outcome, TextEnv
-from ..core.protocol import Action, ToolSpec
+from ..core.paths import DataNotPreparedError, dataset_dir, is_prepared
+from ..core.protocol import Action
 from .engine import BUY_NOW, DONE, ITEM, NEXT_PAGE, PREV_PAGE, RESULTS, SUB, BACK_TO_SEARCH, Purchase, ShopSession
 from .nouns import get_tagger
-from .protocol import WebShopProtocol
+from .products import SPLIT_RANGES, split_goals
+from .protocol import TOOLS, WebShopProtocol
 from .reward import FUZZY_THRESHOLD, score_purchase, token_set_ratio
-from .shop import ProductSearch, ProductStore
+from .shop import ProductSearch, ProductStore, SqliteStore
 
 DEFAULT_MAX_STEPS = 15  # CAPO and verl-agent's budget (ReAct: 15 env calls)
 REWARDS = ("score", "capo")
+SIZES = {"small": "webshop-small", "full": "webshop"}  # the prepared sizes and their dataset folders
+GOAL_KINDS = ("human", "synthetic")
 CAPO_SUCCESS_REWARD, CAPO_INVALID_PENALTY = 10.0, 0.1
-TOOLS = (
-    ToolSpec("search", "keywords", "search the shop for products"),
-    ToolSpec("click", "value", "click a button, a product ID or an option value on the page"),
-)
 NO_OPTIONS = -1.0  # r_option in info when the goal has no options (the original's None)
 
 
@@ -221,3 +232,36 @@ def _best_value(option: str, groups: Mapping[str, Sequence[str]]) -> tuple[str, 
             if score > best_score:
                 best, best_score = (name, value), score
     return best
+
+
+def prepared_dir(size: str, data_dir: str | Path | None = None) -> Path:
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
+    return (Path(data_dir).expanduser() / SIZES[size]) if data_dir else dataset_dir(SIZES[size])
+
+
+def webshop_ready(size: str = "full") -> bool:
+    return is_prepared(SIZES[size])
+
+
+def make_webshop_env(
+    size: str = "full", goals: str = "human", split: str = "test", data_dir: str | None = None,
+    retriever: str = "bm25", **kwargs: Any,
+) -> ShopEnv:  # fmt: skip
+    """``capo/WebShop-v0``: the original's catalogue, goals, pages and reward."""
+    if goals not in GOAL_KINDS:
+        raise ValueError(f"goals must be one of {GOAL_KINDS}, got {goals!r}")
+    root = prepared_dir(size, data_dir)
+    if not (root / "manifest.json").is_file():
+        raise DataNotPreparedError(
+            f"WebShop ({size}) is not prepared (missing {root / 'manifest.json'}). "
+            f"Run: capo data prepare webshop --size {size}"
+        )
+    goal_file = root / f"goals_{goals}.json"
+    if not goal_file.is_file():
+        raise DataNotPreparedError(f"{goal_file} is missing; re-run: capo data prepare webshop --size {size}")
+    all_goals = json.loads(goal_file.read_text())
+    start = SPLIT_RANGES.get(split, (0, None))[0]
+    store = SqliteStore(root / "products.sqlite")
+    search = ProductSearch.load(root / "index" / retriever, kind=retriever)
+    return ShopEnv(store, search, split_goals(all_goals, split), task_prefix=f"webshop-{goals}", goal_offset=start, **kwargs)

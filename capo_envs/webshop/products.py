@@ -3,7 +3,7 @@
 Sources (princeton-nlp/WebShop): web_agent_site/engine/engine.py ``load_products``,
 ``generate_product_prices``; engine/goal.py ``get_human_goals``, ``get_synthetic_goals``;
 web_agent_site/envs/web_agent_text_env.py (``random.seed(233); random.shuffle(goals)``);
-search_engine/convert_product_file_format.py (the text that is indexed). Facts: domain doc §A2, §A4.
+search_engine/convert_product_file_format.py (the text that is indexed).
 
 Reproducibility: the original draws ranged prices (``random.uniform``) and price bounds
 (``random.sample``) from the *unseeded* global ``random`` at load time. Here both come, in the original's

@@ -10,10 +10,14 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from ..core.protocol import Action, ActionProtocol, ParseResult, _scan_tags, _strip_think, clean_text
+from ..core.protocol import Action, ActionProtocol, ParseResult, ToolSpec, _scan_tags, _strip_think, clean_text
 
 ACTION_START = re.compile(r"(search|click)\[", re.IGNORECASE)
 FORMATS = ("plain", "tags")
+TOOLS = (
+    ToolSpec("search", "keywords", "search the shop for products"),
+    ToolSpec("click", "value", "click a button, a product ID or an option value on the page"),
+)
 
 
 class WebShopProtocol(ActionProtocol):

@@ -1,8 +1,7 @@
 """WebShop's purchase reward, computed exactly as the original ``get_reward`` does, quirks included.
 
 Source: princeton-nlp/WebShop web_agent_site/engine/goal.py (``get_type_reward``, ``get_attribute_reward``,
-``get_option_reward``, ``get_reward``) and engine/normalize.py (``COLOR_SET``, ``normalize_color``);
-the facts are in ../shared/docs/domain-webshop-alfworld.md §A1.
+``get_option_reward``, ``get_reward``) and engine/normalize.py (``COLOR_SET``, ``normalize_color``).
 
     R = r_type * (N_att + N_opt + [price <= price_upper]) / (|attributes| + |goal_options| + 1)
 

@@ -212,7 +212,7 @@ def action_ppo_loss(
       For ``ratio_mode="geomean"`` both options coincide. Which one the CAPO authors use is unknown.
 
     Default clip 3e-4 on both sides is the authors' code (run_steppo.sh, geometric-mean ratio). For the
-    sqrt(L) ratio the paper's value is not published (a study note says 1e-3, unverified); the ratio's
+    sqrt(L) ratio the CAPO paper (arXiv 2604.18401) does not publish a value; the ratio's
     log-scale is sqrt(L) times the geomean's, so sweep it.
 
     Diagnostics: ``clip_frac`` (share of actions whose clipped branch is active, zero gradient),

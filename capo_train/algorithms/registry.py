@@ -182,7 +182,7 @@ _KL_REWARD = {"kl_coef": 0.001, "kl_type": "k1", "kl_in_reward": True}  # RLOO, 
 _COMMON = {"entropy_coef": 0.0, "value_cliprange": 0.5}
 _TOKEN_CLIP = {"clip_low": 0.2, "clip_high": 0.2, "dual_clip": 3.0}
 # The authors' code (run_steppo.sh, geometric-mean ratio): 3e-4 both sides. For the paper's sqrt(L) ratio
-# the value is not published (a study note says 1e-3, unverified): docs/results measure it.
+# the CAPO paper (arXiv 2604.18401) does not publish the value: docs/results/learning.md measures it.
 _ACTION_CLIP = {"clip_low": 3e-4, "clip_high": 3e-4, "dual_clip": None, "token_scale": "exact"}
 _GAE = {"gamma": 0.99, "lam": 1.0, "bootstrap_truncated": True}
 _CRITIC = {**_COMMON, **_KL_LOSS, **_GAE, "group_size": 1}

@@ -6,7 +6,7 @@
 - ``vllm``: one :class:`capo_train.backends.vllm.VLLMBackend` for the whole run, colocated on the GPU, built
   at the first RL iteration from the base checkpoint and loaded at once with the actor's current weights
   (the warm start, a resumed checkpoint, LoRA merged), then given the new weights after every optimizer
-  update (:func:`sync_rollout_weights`). One training process only: the engine is in-process.
+  update (:func:`sync_rollout_weights`). One training process only: vLLM's engine is in-process.
 
 ``backend_problem`` is what config validation asks, so ``rollout.backend=vllm`` on a machine without vLLM
 or CUDA stops before any model is loaded. The trainer goes through :func:`rollout_backend` and
@@ -20,6 +20,8 @@ import importlib.util
 import os
 from typing import Any
 
+from ..errors import ConfigError
+from ..models.smollm2 import resolve_model_path
 from .base import GenerationBackend
 from .hf import HFBackend
 
@@ -53,38 +55,35 @@ def holds_weights(backend: Any) -> bool:
     return callable(getattr(backend, "sync_weights", None))
 
 
-def rollout_backend(config, model, tokenizer, *, batch_size: int, engine: Any = None) -> GenerationBackend:
+def rollout_backend(config, model, tokenizer, *, batch_size: int, vllm_backend: Any = None) -> GenerationBackend:
     """The backend one RL iteration samples with. ``config``: the run's ``TrainConfig``; ``model``: its
-    ``ActorCritic``; ``engine``: the vLLM backend an earlier iteration built (returned as it is, its weights
+    ``ActorCritic``; ``vllm_backend``: the vLLM backend an earlier iteration built (returned as it is, its weights
     already synced after that iteration's update), None at the first."""
     name = config.rollout.backend
     if name == "hf":
         return HFBackend(model.actor, tokenizer, batch_size=batch_size)
-    if engine is not None:
-        return engine
+    if vllm_backend is not None:
+        return vllm_backend
     problem = backend_problem(name, config.device)
     if problem is not None:  # validation has said so already; a config built in code may skip it
-        from ..config import ConfigError
-
         raise ConfigError(problem)
     import torch
 
-    from ..trainer import resolve_model_path
     from .vllm import VLLMBackend
 
     base = model.meta.get("base") or resolve_model_path(config.model.path)  # its weights are replaced below
     # vLLM checks at start-up that its share of the GPU is free; memory torch has cached but not in use counts
     # as taken, so hand it back first.
     torch.cuda.empty_cache()
-    engine = VLLMBackend.from_pretrained(
+    backend = VLLMBackend.from_pretrained(
         str(base), tokenizer, dtype=config.model.dtype,
         gpu_memory_utilization=config.rollout.vllm_gpu_memory_utilization, seed=config.seed,
         # a state and one action: the longest sequence a rollout asks for (vLLM would otherwise reserve the
         # model's whole context, which a small share of the GPU may not hold)
         max_model_len=config.rollout.max_prompt_tokens + config.rollout.max_action_tokens,
     )
-    engine.sync_weights(model.actor)  # the actor as it is now: warm-started, resumed, LoRA merged
-    return engine
+    backend.sync_weights(model.actor)  # the actor as it is now: warm-started, resumed, LoRA merged
+    return backend
 
 
 def sync_rollout_weights(backend: Any, model) -> None:

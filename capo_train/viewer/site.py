@@ -20,8 +20,10 @@ from .data import GridRef, RunRef, iteration_files, iteration_payload, run_paylo
 
 STATIC = Path(__file__).with_name("static")
 STATIC_FILES = {"index.html": "text/html", "app.js": "text/javascript", "app.css": "text/css"}
-RUN_FILE = re.compile(r"^data/run-(\d+)\.js$")
-ITER_DATA = re.compile(r"^data/run-(\d+)-(iter|eval)-(\d+)\.js$")
+# Numbers in paths: ASCII digits, at most 9 (no int of 5000 digits; re.fullmatch: no trailing newline);
+# anything else is a 404.
+RUN_FILE = re.compile(r"data/run-([0-9]{1,9})\.js")
+ITER_DATA = re.compile(r"data/run-([0-9]{1,9})-(iter|eval)-([0-9]{1,9})\.js")
 
 
 class Site:
@@ -37,14 +39,18 @@ class Site:
             return (STATIC / path).read_bytes(), STATIC_FILES[path] + "; charset=utf-8"
         if path == "data/site.js":
             return script("site", site_payload(self.runs, self.grids)), "text/javascript; charset=utf-8"
-        m = RUN_FILE.match(path)
+        m = RUN_FILE.fullmatch(path)
         if m and int(m.group(1)) < len(self.runs):
             i = int(m.group(1))
             return script(f"run-{i}", run_payload(self.runs[i])), "text/javascript; charset=utf-8"
-        m = ITER_DATA.match(path)
+        m = ITER_DATA.fullmatch(path)
         if m and int(m.group(1)) < len(self.runs):
             i, kind, it = int(m.group(1)), m.group(2), int(m.group(3))
-            payload = iteration_payload(self.runs[i], it, held_out=kind == "eval")
+            try:
+                payload = iteration_payload(self.runs[i], it, held_out=kind == "eval")
+            except Exception as e:  # a safety net: a note on the page, not an error answer
+                payload = {"iteration": it, "episodes": [],
+                           "notes": [f"cannot show these episodes: {type(e).__name__}: {e}"]}
             return script(f"run-{i}-{kind}-{it}", payload), "text/javascript; charset=utf-8"
         return None
 
@@ -64,7 +70,10 @@ class Site:
         tmp = out.with_name(f".{out.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         for path in self.paths():
-            body, _ = self.get(path)
+            found = self.get(path)
+            if found is None:  # listed, then gone (a live run's folder)
+                continue
+            body = found[0]
             target = tmp / path
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(body)
@@ -84,4 +93,5 @@ def script(key: str, payload: dict) -> bytes:
     # allow_nan: NaN and Infinity are valid JavaScript, which is what this is
     data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=True, default=str)
     data = data.replace("</", "<\\/").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
-    return f"CAPO.put({json.dumps(key)},{data});\n".encode("utf-8")
+    # a lone surrogate ("\\ud800" in a run's JSON) has no UTF-8: written back as the same escape, in a string
+    return f"CAPO.put({json.dumps(key)},{data});\n".encode("utf-8", "backslashreplace")

@@ -1,5 +1,5 @@
 """A run folder of made-up recorded episodes, in the format ``capo_train.episodes`` writes, to measure the
-viewer at scale (tests/test_viewer_browser.py, benchmarks/bench_viewer.py) without training for hours.
+viewer at scale (tests/test_viewer_scale.py, benchmarks/bench_viewer.py) without training for hours.
 
 The texts and numbers look like a SynthChain run's (a door per step, a critic, whitened advantages, CAPO's
 action ratio and clip range) and are drawn from a seeded RNG, so a folder is the same on every machine.

@@ -34,7 +34,8 @@ from uuid import uuid4
 import gymnasium as gym
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
-from capo_train.rollout import ChatFormat, start_episode, step_episode
+from capo_train.rollout import start_episode, step_episode
+from capo_train.states import ChatFormat
 
 from .core import (
     ACTION_VALID,

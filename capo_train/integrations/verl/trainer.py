@@ -12,7 +12,7 @@ and the prompt uid only, never with the critic's values or the trajectory and st
   reward written by the ``capo_env`` agent loop) from TransferQueue, parses trajectory and step from the
   row keys, runs capo_train's estimator (:func:`.core.action_targets`) and writes ``advantages`` and
   ``returns`` back. verl's rollout correction (``algorithm.rollout_correction``: the off-policy metrics
-  between the rollout engine's log-probs and the actor's, and truncated IS weights / rejection when
+  between the rollout server's (vLLM/SGLang) log-probs and the actor's, and truncated IS weights / rejection when
   configured) runs first, by verl's own function, as in verl's trainer; the actor's loss reads the weights
   and the mask. verl's KL-in-reward is refused (``algorithm.use_kl_in_reward``): capo_train's
   RLOO/REINFORCE++ put the KL in the reward themselves (``kl_in_reward``), from ``old_log_probs`` and
@@ -46,6 +46,7 @@ from capo_train.algorithms import get
 
 from .core import ESTIMATORS, TRAINER, action_targets
 from .losses import capo_value_loss
+from .registration import assert_registered
 
 
 def estimator_settings(config) -> tuple[str, dict]:
@@ -68,8 +69,6 @@ class CapoSyncTrainer(PPOTrainerSync):
     """See the module docstring."""
 
     def __init__(self, config):
-        from .plugin import assert_registered
-
         assert_registered()  # a plugin that failed to import in a worker is skipped silently by verl
         if config.algorithm.get("use_kl_in_reward", False):
             raise ValueError(f"trainer.v1.trainer_mode={TRAINER} does not apply algorithm.use_kl_in_reward: use "
@@ -102,7 +101,7 @@ class CapoSyncTrainer(PPOTrainerSync):
 
     def rollout_correction(self):
         """verl's ``algorithm.rollout_correction`` when it applies here (decoupled mode: three policies,
-        the rollout engine's, the actor's before the update and the actor's), else None."""
+        the rollout server's, the actor's before the update and the actor's), else None."""
         config = self.config.algorithm.get("rollout_correction", None)
         return None if config is None or config.get("bypass_mode", False) else config
 

@@ -147,6 +147,55 @@ function anyKeyChart(payload) {
   return h("div", {}, select, holder);
 }
 
+function notesBox(notes, what) {
+  // what the viewer could not read (a file, a line, an episode) and left out: data.py's notes
+  if (!notes || !notes.length) return null;
+  return h("div", { class: "notes", role: "note" }, h("b", {}, `${notes.length} note${notes.length > 1 ? "s" : ""} on ${what}: left out, the rest is shown`),
+    h("ul", {}, notes.map((n) => h("li", {}, n))));
+}
+
+// ------------------------------------------------------------------ where each iteration's time goes
+
+const PHASE_COLORS = ["#8c959f", "#0969da", "#54aeff", "#bc4c00", "#1a7f37", "#4ac26b", "#d4a72c", "#8250df",
+  "#cf222e", "#a475f9", "#0a7ea4", "#57606a"];
+const MAX_TIME_ROWS = 100;
+
+function timeBreakdown(payload) {
+  // one row per logged record: its time/* phases (report.ITERATION_PHASES) as seconds and a stacked bar
+  const series = payload.series || {};
+  const phases = (payload.time_phases || []).filter((k) => (series[k] || []).length);
+  const extra = ["time/sft_s"].filter((k) => (series[k] || []).length);
+  const keys = [...extra, ...phases];
+  if (!keys.length) return null;
+  const byIt = new Map();
+  for (const k of [...keys, "time/iteration_s"]) for (const [it, v] of series[k] || []) {
+    if (!byIt.has(it)) byIt.set(it, {});
+    byIt.get(it)[k] = v;
+  }
+  let its = [...byIt.keys()].sort((a, b) => a - b);
+  if (its.length > MAX_TIME_ROWS) { const step = Math.ceil(its.length / MAX_TIME_ROWS); its = its.filter((_, j) => j % step === 0 || j === its.length - 1); }
+  const total = (r) => r["time/iteration_s"] ?? keys.reduce((a, k) => a + (r[k] || 0), 0);
+  const widest = Math.max(...its.map((it) => total(byIt.get(it))), 1e-9);
+  const label = (k) => k.replace(/^time\//, "").replace(/_s$/, "");
+  const secs = (x) => (typeof x === "number" && isFinite(x) ? x.toFixed(Math.abs(x) >= 100 ? 0 : 2) : "");
+  const color = (k) => PHASE_COLORS[keys.indexOf(k) % PHASE_COLORS.length];
+  const table = h("table", { class: "timing" },
+    h("tr", {}, h("th", { class: "num" }, "iter"), keys.map((k) => h("th", { class: "num", title: k }, h("i", { class: "swatch", style: `background:${color(k)}` }), label(k))),
+      h("th", { class: "num", title: "time/iteration_s" }, "iteration"), h("th", { class: "num", title: "iteration - the phases" }, "other"), h("th", {}, "seconds, stacked")),
+    its.map((it) => {
+      const r = byIt.get(it), sum = keys.reduce((a, k) => a + (r[k] || 0), 0);
+      const whole = r["time/iteration_s"];
+      return h("tr", { "data-it": it, "data-total": whole ?? "", "data-sum": sum },
+        h("td", { class: "num" }, it), keys.map((k) => h("td", { class: "num", "data-key": k }, secs(r[k]))),
+        h("td", { class: "num" }, secs(whole)),
+        h("td", { class: "num" }, whole === undefined ? "" : secs(whole - sum)),
+        h("td", {}, h("span", { class: "stack", style: `width:${(100 * total(r) / widest).toFixed(1)}%` },
+          keys.filter((k) => r[k] > 0).map((k) => h("span", { style: `width:${(100 * r[k] / Math.max(total(r), sum, 1e-9)).toFixed(2)}%;background:${color(k)}`, title: `${label(k)}: ${fmt(r[k], 3)} s` })))));
+    }));
+  return h("details", { class: "timing", open: true }, h("summary", {}, "where each iteration's time goes (time/*, seconds)"), table,
+    its.length < byIt.size ? h("p", { class: "muted" }, `${its.length} of ${byIt.size} records shown (evenly spaced, and the last)`) : null);
+}
+
 // ------------------------------------------------------------------ episode browser
 
 function filterEpisodes(idx, params) {
@@ -241,7 +290,8 @@ async function viewHome(app, site) {
     h("tr", {}, ["", "run", "algo", "env", "seed", "iterations", "held-out success", "training success", "recorded iterations"].map((t) => h("th", {}, t))),
     site.runs.map((r, i) => h("tr", { "data-run": i },
       h("td", {}, h("input", { type: "checkbox", "aria-label": "select " + r.name, onchange: (e) => { e.target.checked ? picked.add(i) : picked.delete(i); update(); } })),
-      h("td", {}, h("a", { href: link(["run", i]) }, r.name)), h("td", {}, r.algo || "–"), h("td", {}, r.env || "–"),
+      h("td", {}, h("a", { href: link(["run", i]) }, r.name), (r.notes || []).length ? [" ", h("span", { class: "badge bad note-count", title: r.notes.join("\n") }, `${r.notes.length} note${r.notes.length > 1 ? "s" : ""}`)] : null),
+      h("td", {}, r.algo || "–"), h("td", {}, r.env || "–"),
       h("td", { class: "num" }, r.seed ?? "–"), h("td", { class: "num" }, r.iterations),
       h("td", { class: "num" }, fmt(r.eval_success)), h("td", { class: "num" }, fmt(r.rollout_success)),
       h("td", { class: "num" }, r.recorded_iterations)))));
@@ -261,8 +311,10 @@ async function viewRun(app, site, i, params) {
   const r = site.runs[i];
   app.appendChild(h("h1", {}, payload.name, " ", h("span", { class: "muted" }, [r.algo, r.env].filter(Boolean).join(" · "))));
   app.appendChild(h("p", { class: "muted" }, payload.path));
+  app.append(...[notesBox(payload.notes, "this run's files")].filter(Boolean));
   app.appendChild(runCharts([{ payload, label: payload.name }]));
   app.appendChild(anyKeyChart(payload));
+  app.append(...[timeBreakdown(payload)].filter(Boolean));
   app.appendChild(h("details", { class: "config" }, h("summary", {}, "config"), h("pre", {}, JSON.stringify(payload.config, null, 2))));
   if (payload.summary) app.appendChild(h("details", {}, h("summary", {}, "summary"), kv(payload.summary)));
   if (payload.meta) app.appendChild(h("p", { class: "muted" }, `recorded with ${payload.meta.algo}: ratio ${payload.meta.ratio}, clip range [1 − ${payload.meta.clip_low}, 1 + ${payload.meta.clip_high}]` + (payload.meta.critic ? `, critic at ${payload.meta.critic}` : ", no critic")));
@@ -294,6 +346,7 @@ async function viewEpisode(app, site, i, it, ep, params, kind = "iter") {
   const [payload, chunk] = await Promise.all([load("run-" + i), load(`run-${i}-${kind}-${it}`)]);
   const e = chunk.episodes.find((x) => String(x.episode) === String(ep));
   app.appendChild(h("p", {}, h("a", { href: link(["run", i], params) }, "‹ " + payload.name + ": all episodes")));
+  app.append(...[notesBox(chunk.notes, "this iteration's episodes file")].filter(Boolean));
   if (!e) { app.appendChild(h("p", {}, `no episode ${ep} in iteration ${it}`)); return; }
   const scale = advScale(payload.episodes);
   app.appendChild(h("h1", { class: "episode-title" }, `iteration ${e.iteration} · episode ${e.episode} · task ${e.task_id}` + (kind === "eval" ? " · held-out (greedy, not trained on)" : "")));
@@ -340,6 +393,7 @@ async function viewGrid(app, site, gi) {
   const g = site.grids[gi];
   app.appendChild(h("h1", {}, "Benchmark grid: " + g.name));
   app.appendChild(h("p", { class: "muted" }, g.path));
+  app.append(...[notesBox(g.notes, "this grid's files")].filter(Boolean));
   const metric = g.header.filter((c) => c.endsWith("_mean"));
   app.appendChild(h("table", { class: "grid" },
     h("tr", {}, ["env", "algo", "seeds", ...metric.map((c) => c.slice(0, -5).replace(/_/g, " ")), "runs"].map((t) => h("th", {}, t))),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates one grid of docs/results/table1_diagnostics: a tiny Llama built from a config, behaviour-cloned
-# on a diagnostic env from a demonstrator right half the time, then `capo bench` over every registered
+# on a diagnostic env from a demonstrator right half the time, then `capo compare` over every registered
 # algorithm x 3 seeds. Resumable: rerun after a stop.
 #   run.sh          SynthChain k = 1 and k = 4 (grid.yaml)    -> results.md, results.csv, curves.png here
 #   run.sh k8       SynthChain k = 8 (grid_k8.yaml)           -> k8/
@@ -36,13 +36,13 @@ model.save_pretrained('$ROOT/init'); tokenizer.save_pretrained('$ROOT/init')"
     optim.actor_lr=1e-3 rollout.max_action_tokens=$TOKENS eval_episodes=100 log_tensorboard=false \
     out_dir="$WARM-start"
 [ -d "$WARM" ] || .venv/bin/capo export --checkpoint "$WARM-start" --out "$WARM"
-.venv/bin/capo bench --grid "$GRID" --out "$ROOT/grid-$GRID_NAME" --jobs "$JOBS" base.model.path="$WARM"
+.venv/bin/capo compare --grid "$GRID" --out "$ROOT/grid-$GRID_NAME" --jobs "$JOBS" base.model.path="$WARM"
 mkdir -p "$DEST"
 cp "$ROOT/grid-$GRID_NAME"/{results.md,results.csv,curves.png,grid.json} "$DEST/"
 head -1 "$WARM-start/log.jsonl" > "$DEST/warm_start.json"
 if [ "$GRID_NAME" = length ]; then  # does CAPO's 3e-4 action clip suit the length-calibrated ratio?
   for CLIP in 3e-3 0.2; do
-    .venv/bin/capo bench --grid "$GRID" --out "$ROOT/grid-length-clip-$CLIP" --jobs "$JOBS" base.model.path="$WARM" \
+    .venv/bin/capo compare --grid "$GRID" --out "$ROOT/grid-length-clip-$CLIP" --jobs "$JOBS" base.model.path="$WARM" \
         "algos=[capo]" base.algo_overrides.clip_low=$CLIP base.algo_overrides.clip_high=$CLIP
     mkdir -p "$DEST/clip-$CLIP"
     cp "$ROOT/grid-length-clip-$CLIP"/{results.md,results.csv,curves.png,grid.json} "$DEST/clip-$CLIP/"
