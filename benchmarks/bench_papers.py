@@ -4,10 +4,10 @@
     python benchmarks/bench_papers.py --size medium        # 50k papers, seconds
     python benchmarks/bench_papers.py --db /tmp/p.sqlite --reuse   # time an existing file again
     python benchmarks/bench_papers.py --size 100k --db /tmp/p100k.sqlite --tasks /tmp/t100k.json --oracle-sizes
-        # a 100k world, its dev/test queries written to --tasks; then the engines' search-alone recall on them
+        # a 100k world, its dev/test queries written to --tasks; then the rankers' search-alone recall on them
         # (rerun with --reuse: --tasks is then read)
 
-Each search engine of ``PaperDB`` (``--engines``, default both: ``fts5`` and ``bm25``) is timed on the same
+Each search ranker of ``PaperDB`` (``--rankers``, default both: ``fts5`` and ``bm25``) is timed on the same
 queries, side by side with their ratio; for BM25 also the time and memory to build its index (or to load it
 from ``<db>.bm25``, when saved: ``--fresh-index`` rebuilds).
 
@@ -38,7 +38,7 @@ from capo_envs.papers import vocab  # noqa: E402
 from capo_envs.papers.db import PaperDB, build_database  # noqa: E402
 from capo_envs.papers.world import SIZES, SizePreset, generate_world  # noqa: E402
 
-# A size between "medium" and "large" for the engine comparison (generated like the others, seeded by name).
+# A size between "medium" and "large" for the ranker comparison (generated like the others, seeded by name).
 SIZES.setdefault("100k", SizePreset(100_000, 3_000))
 
 
@@ -86,13 +86,13 @@ def build(size: str, seed: int, path: Path, reuse: bool, tasks: Path | None = No
             "max_in_degree": max(in_degree.values())}
 
 
-def latency(path: Path, samples: int, seed: int, engine: str = "fts5") -> dict:
+def latency(path: Path, samples: int, seed: int, ranker: str = "fts5") -> dict:
     rng = random.Random(seed)
     tasks = [t for ts in vocab.FIELDS.values() for t in ts]
     keyword = [(f"{rng.choice(vocab.METHODS)} {rng.choice(tasks)}",) for _ in range(samples)]
     questions = [(rng.choice(vocab.QUESTION_TEMPLATES).format(m=rng.choice(vocab.METHODS), t=rng.choice(tasks)),)
                  for _ in range(samples)]
-    with PaperDB(path, search_engine=engine) as db:
+    with PaperDB(path, ranker=ranker) as db:
         n = len(db)
         ids = [r[0] for r in db._rows("SELECT arxiv_id FROM papers WHERE rowid IN (%s)" % ",".join(
             str(rng.randint(1, n)) for _ in range(samples)))]
@@ -114,7 +114,7 @@ def index_build(path: Path, fresh: bool) -> dict:
     """Time and memory to get the BM25 index of the file (built, or loaded when saved beside it)."""
     from capo_envs.papers.search import BM25PaperIndex
 
-    with PaperDB(path, search_engine="bm25") as db:
+    with PaperDB(path, ranker="bm25") as db:
         if fresh:
             shutil.rmtree(db.index_dir, ignore_errors=True)
         len(db), db.meta()
@@ -140,27 +140,27 @@ def search_recall(db: PaperDB, tasks) -> float:
     return statistics.mean(recalls)
 
 
-def file_recall(path: Path, tasks_path: Path, engines: list[str]) -> dict:
+def file_recall(path: Path, tasks_path: Path, rankers: list[str]) -> dict:
     tasks = json.loads(tasks_path.read_text())
     out = {}
-    for engine in engines:
-        with PaperDB(path, search_engine=engine) as db:
-            out[engine] = {split: search_recall(db, tasks[split]) for split in ("dev", "test")}
+    for ranker in rankers:
+        with PaperDB(path, ranker=ranker) as db:
+            out[ranker] = {split: search_recall(db, tasks[split]) for split in ("dev", "test")}
     return out
 
 
-def engine_recall(sizes: list[str], seed: int, engines: list[str]) -> dict:
-    """Search-alone recall of the in-memory worlds' dev and test queries, per engine."""
+def engine_recall(sizes: list[str], seed: int, rankers: list[str]) -> dict:
+    """Search-alone recall of the in-memory worlds' dev and test queries, per ranker."""
     from capo_envs.papers.world import cached_world
 
     out = {}
     for size in sizes:
         world = cached_world(seed, size)
-        for engine in engines:
-            db = PaperDB.from_records(world.papers, world.edges(), search_engine=engine)
+        for ranker in rankers:
+            db = PaperDB.from_records(world.papers, world.edges(), ranker=ranker)
             tasks = {split: [{"gold": t.gold, "phrases": t.search_phrases or (t.question,), "cutoff": t.cutoff}
                              for t in world.splits[split]] for split in ("dev", "test")}
-            out[f"{size}/{engine}"] = {split: search_recall(db, tasks[split]) for split in ("dev", "test")}
+            out[f"{size}/{ranker}"] = {split: search_recall(db, tasks[split]) for split in ("dev", "test")}
             db.close()
     return out
 
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--oracle-sizes", nargs="*", default=["small", "medium"],
                         help="in-memory worlds whose oracle (search + expand, search alone) is measured")
-    parser.add_argument("--engines", nargs="+", default=["fts5", "bm25"], choices=["fts5", "bm25"])
+    parser.add_argument("--rankers", nargs="+", default=["fts5", "bm25"], choices=["fts5", "bm25"])
     parser.add_argument("--tasks", default=None, help="the --db file's queries for search-alone recall (JSON; "
                                                       "written when the database is built)")
     parser.add_argument("--fresh-index", action="store_true", help="rebuild the BM25 index even when saved")
@@ -214,23 +214,23 @@ def main(argv: list[str] | None = None) -> int:
         papers = len(db)
     results["file_mb"] = file_bytes / 1e6
     results["mb_per_million_papers"] = file_bytes / 1e6 / (papers / 1e6)
-    if "bm25" in args.engines:
+    if "bm25" in args.rankers:
         results["bm25_index"] = index_build(path, args.fresh_index)
-    results["latency"] = {engine: latency(path, args.samples, args.seed, engine) for engine in args.engines}
+    results["latency"] = {ranker: latency(path, args.samples, args.seed, ranker) for ranker in args.rankers}
     if args.tasks:
-        results["file_recall"] = file_recall(path, Path(args.tasks), args.engines)
-    results["engine_recall"] = engine_recall(args.oracle_sizes, args.seed, args.engines)
+        results["file_recall"] = file_recall(path, Path(args.tasks), args.rankers)
+    results["engine_recall"] = engine_recall(args.oracle_sizes, args.seed, args.rankers)
     results["oracle"] = oracle_recall(args.oracle_sizes, args.seed)
     print(f"database: {papers:,} papers, {results['file_mb']:.0f} MB "
           f"({results['mb_per_million_papers']:.0f} MB per million papers); build {json.dumps(results['build'])}")
     if "bm25_index" in results:
         print(f"BM25 index: {json.dumps(results['bm25_index'])}")
-    engines = list(results["latency"])
-    head = " | ".join(f"{e} p50 ms | {e} p99 ms" for e in engines)
-    ratio = " | fts5/bm25 p50" if engines == ["fts5", "bm25"] else ""
-    print(f"| call | {head}{ratio} |\n|---|" + "---|" * (2 * len(engines) + bool(ratio)))
-    for name in results["latency"][engines[0]]:
-        rows = [results["latency"][e][name] for e in engines]
+    rankers = list(results["latency"])
+    head = " | ".join(f"{e} p50 ms | {e} p99 ms" for e in rankers)
+    ratio = " | fts5/bm25 p50" if rankers == ["fts5", "bm25"] else ""
+    print(f"| call | {head}{ratio} |\n|---|" + "---|" * (2 * len(rankers) + bool(ratio)))
+    for name in results["latency"][rankers[0]]:
+        rows = [results["latency"][e][name] for e in rankers]
         cells = " | ".join(f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f}" for r in rows)
         extra = f" | {rows[0]['p50_ms'] / rows[1]['p50_ms']:.1f}x" if ratio else ""
         print(f"| {name} | {cells}{extra} |")
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, row in {**{f"{path.name}/{e}": r for e, r in results.get("file_recall", {}).items()},
                       **results["engine_recall"]}.items():
         print(f"| {name} | {row['dev']:.4f} | {row['test']:.4f} |")
-    print("| oracle (default engine) | recall@all | episodes | mean steps | s/episode |\n|---|---|---|---|---|")
+    print("| oracle (default ranker) | recall@all | episodes | mean steps | s/episode |\n|---|---|---|---|---|")
     for name, row in results["oracle"].items():
         print(f"| {name} | {row['recall_all']:.3f} | {row['episodes']} | {row['mean_steps']:.2f} | "
               f"{row['seconds_per_episode']:.3f} |")

@@ -1,5 +1,5 @@
-"""Paper search's BM25 engine (``capo_envs/papers/search.py``) against FTS5: the same hits where the two
-rankings must agree, date cut-offs, ties, the saved index, the engine chosen by size, the server, and the
+"""Paper search's BM25 ranker (``capo_envs/papers/search.py``) against FTS5: the same hits where the two
+rankings must agree, date cut-offs, ties, the saved index, the ranker chosen by size, the server, and the
 SynthScholar oracle's search-alone recall."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import capo_envs.papers.db as dbmod
 import capo_envs.papers.search as searchmod
 from capo_envs.papers.db import Paper, PaperDB, build_database
 
-ENGINES = ("fts5", "bm25")
+RANKERS = ("fts5", "bm25")
 
 
 def _agreeing_papers() -> list[Paper]:
@@ -36,7 +36,7 @@ def _agreeing_papers() -> list[Paper]:
 def agreeing(tmp_path_factory):
     path = tmp_path_factory.mktemp("agree") / "p.sqlite"
     build_database(path, _agreeing_papers())
-    dbs = {engine: PaperDB(path, search_engine=engine) for engine in ENGINES}
+    dbs = {ranker: PaperDB(path, ranker=ranker) for ranker in RANKERS}
     yield dbs
     for db in dbs.values():
         db.close()
@@ -51,7 +51,7 @@ def _ids(papers):
 @pytest.mark.parametrize("max_date", [None, "2016-06-30", "2010-01-01", "2000-01-01"])
 def test_bm25_returns_the_same_hits_as_fts5_where_they_must_agree(agreeing, query, max_date):
     fts, bm25 = agreeing["fts5"], agreeing["bm25"]
-    assert fts.engine == "fts5" and bm25.engine == "bm25"
+    assert fts.ranking == "fts5" and bm25.ranking == "bm25"
     for limit, offset in ((10, 0), (3, 2), (100, 0), (5, 11)):
         expected = fts.search(query, limit, offset, max_date=max_date)
         assert _ids(bm25.search(query, limit, offset, max_date=max_date)) == _ids(expected)
@@ -80,7 +80,7 @@ def test_cutoff_asks_for_more_until_enough_survive(tmp_path, monkeypatch):
     papers += [Paper(f"1501.{i:05d}", f"Old graph {i}", "graph", 2015, (), "2015-01-01") for i in range(3)]
     path = tmp_path / "g.sqlite"
     build_database(path, papers)
-    with PaperDB(path, search_engine="bm25") as db, PaperDB(path, search_engine="fts5") as fts:
+    with PaperDB(path, ranker="bm25") as db, PaperDB(path, ranker="fts5") as fts:
         old = db.search("graph", 10, max_date="2016-01-01")
         assert {p.arxiv_id for p in old} == {f"1501.{i:05d}" for i in range(3)}
         assert _ids(old) == _ids(fts.search("graph", 10, max_date="2016-01-01"))
@@ -98,45 +98,45 @@ def test_bm25_never_breaks_on_odd_queries(agreeing, query):
 def test_the_index_is_saved_beside_the_file_and_rebuilt_when_stale(tmp_path):
     path = tmp_path / "p.sqlite"
     build_database(path, _agreeing_papers())
-    with PaperDB(path, search_engine="bm25") as db:
+    with PaperDB(path, ranker="bm25") as db:
         first = _ids(db.search("xylophone"))
         assert not db.bm25_index().loaded and (tmp_path / "p.sqlite.bm25" / searchmod.STAMP_FILE).is_file()
         assert not list((tmp_path / "p.sqlite.bm25").rglob("*.jsonl"))[0].read_text().count("xylophone")  # ids only
-    with PaperDB(path, search_engine="bm25") as db:
+    with PaperDB(path, ranker="bm25") as db:
         assert _ids(db.search("xylophone")) == first and db.bm25_index().loaded
     build_database(path, [Paper("2301.00001", "Only xylophone", "here", 2023, (), "2023-01-01")])
-    with PaperDB(path, search_engine="bm25") as db:
+    with PaperDB(path, ranker="bm25") as db:
         assert _ids(db.search("xylophone")) == ["2301.00001"] and not db.bm25_index().loaded
     custom = tmp_path / "elsewhere"
-    with PaperDB(path, search_engine="bm25", index_dir=custom) as db:
+    with PaperDB(path, ranker="bm25", index_dir=custom) as db:
         assert len(db.search("xylophone")) == 1 and (custom / searchmod.STAMP_FILE).is_file()
 
 
 def test_auto_picks_fts5_for_small_databases_and_bm25_from_the_threshold(monkeypatch, tmp_path):
     papers = _agreeing_papers()
     db = PaperDB.from_records(papers)
-    assert db.search_engine == "auto" and db.engine == "fts5"
+    assert db.ranker == "auto" and db.ranking == "fts5"
     monkeypatch.setattr(dbmod, "BM25_MIN_PAPERS", len(papers))
-    assert db.engine == "fts5"  # an in-memory database has its own, higher threshold
+    assert db.ranking == "fts5"  # an in-memory database has its own, higher threshold
     build_database(tmp_path / "p.sqlite", papers)
     with PaperDB(tmp_path / "p.sqlite") as file_db:
-        assert file_db.engine == "bm25"
+        assert file_db.ranking == "bm25"
     monkeypatch.setattr(dbmod, "BM25_MIN_PAPERS_IN_MEMORY", len(papers))
-    assert db.engine == "bm25" and _ids(db.search("zeppelin")) == _ids(PaperDB.from_records(papers).search("zeppelin"))
-    with pytest.raises(ValueError, match="search_engine"):
-        db.search_engine = "lucene"
-    db.search_engine = "fts5"
-    assert db.engine == "fts5"
+    assert db.ranking == "bm25" and _ids(db.search("zeppelin")) == _ids(PaperDB.from_records(papers).search("zeppelin"))
+    with pytest.raises(ValueError, match="ranker"):
+        db.ranker = "lucene"
+    db.ranker = "fts5"
+    assert db.ranking == "fts5"
     db.close()
 
 
 def test_equal_in_memory_databases_share_one_index():
     papers = _agreeing_papers()
-    one, two = (PaperDB.from_records(papers, search_engine="bm25") for _ in range(2))
-    other = PaperDB.from_records(papers[:-1], search_engine="bm25")
+    one, two = (PaperDB.from_records(papers, ranker="bm25") for _ in range(2))
+    other = PaperDB.from_records(papers[:-1], ranker="bm25")
     assert one.bm25_index() is two.bm25_index() and other.bm25_index() is not one.bm25_index()
     one.close()
-    assert _ids(two.search("zeppelin")) == _ids(PaperDB.from_records(papers, search_engine="fts5").search("zeppelin"))
+    assert _ids(two.search("zeppelin")) == _ids(PaperDB.from_records(papers, ranker="fts5").search("zeppelin"))
     two.close(), other.close()
 
 
@@ -145,8 +145,8 @@ def test_server_answers_the_same_with_either_engine():
 
     papers = _agreeing_papers()
     answers = {}
-    for engine in ENGINES:
-        srv = make_server(PaperDB.from_records(papers, search_engine=engine)).start_in_thread()
+    for ranker in RANKERS:
+        srv = make_server(PaperDB.from_records(papers, ranker=ranker)).start_in_thread()
         try:
             got = []
             for params in ({"query": "xylophone yodeling", "limit": 5}, {"query": "zeppelin", "offset": 2, "limit": 3},
@@ -154,7 +154,7 @@ def test_server_answers_the_same_with_either_engine():
                 url = srv.url + "/graph/v1/paper/search?" + urllib.parse.urlencode({**params, "fields": "title,year"})
                 with urllib.request.urlopen(url, timeout=10) as response:
                     got.append(json.loads(response.read()))
-            answers[engine] = got
+            answers[ranker] = got
         finally:
             srv.shutdown()
             srv.db.close()
@@ -177,8 +177,8 @@ def test_synthscholar_small_dev_recall_is_not_below_fts5():
 
     world = cached_world(0, "small")
     recall = {}
-    for engine in ENGINES:
-        db = PaperDB.from_records(world.papers, world.edges(), search_engine=engine)
-        recall[engine] = _search_recall(db, world.splits["dev"])
+    for ranker in RANKERS:
+        db = PaperDB.from_records(world.papers, world.edges(), ranker=ranker)
+        recall[ranker] = _search_recall(db, world.splits["dev"])
         db.close()
     assert recall["bm25"] >= recall["fts5"] - 0.01, recall

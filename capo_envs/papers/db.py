@@ -18,7 +18,7 @@ Search: the query's words (stop words dropped) are OR-ed, so that a natural-lang
 how many of its rarer words they hold, as a web search engine would; an AND query of a whole question
 would match nothing.
 
-Search engines (``PaperDB(search_engine=...)``): ``"fts5"`` ranks inside SQLite (the ``papers_fts``
+Search rankers (``PaperDB(ranker=...)``): ``"fts5"`` ranks inside SQLite (the ``papers_fts``
 table); ``"bm25"`` ranks with the project's BM25 over title and abstract (``search.py``: about 1-2 ms a
 search at 1M papers where FTS5 takes 80-100 ms), SQLite keeping metadata, dates and edges;
 ``"auto"`` (the default) uses FTS5 below ``search.BM25_MIN_PAPERS`` papers for a file (20k; fast there,
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 from .ids import normalize_arxiv_id
-from .search import BM25_MIN_PAPERS, BM25_MIN_PAPERS_IN_MEMORY, ENGINES, LazyIndex
+from .search import BM25_MIN_PAPERS, BM25_MIN_PAPERS_IN_MEMORY, RANKERS, LazyIndex
 
 SCHEMA_VERSION = 1
 TITLE_WEIGHT, ABSTRACT_WEIGHT = 2.0, 1.0
@@ -234,16 +234,16 @@ class PaperDB:
     connection per thread; an in-memory one (:meth:`from_records`) one connection behind a lock.
     """
 
-    def __init__(self, path: str | Path, *, search_engine: str = "auto", index_dir: str | Path | None = None):
-        """``search_engine``: ``"auto"``, ``"fts5"`` or ``"bm25"`` (module docstring); ``index_dir``: where the
+    def __init__(self, path: str | Path, *, ranker: str = "auto", index_dir: str | Path | None = None):
+        """``ranker``: ``"auto"``, ``"fts5"`` or ``"bm25"`` (module docstring); ``index_dir``: where the
         BM25 index is kept (default ``<path>.bm25`` beside the file; built there on the first BM25 search)."""
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"no paper database at {self.path}")
-        self._init_state(search_engine)
+        self._init_state(ranker)
         self.index_dir = Path(index_dir) if index_dir is not None else self.path.with_name(self.path.name + ".bm25")
 
-    def _init_state(self, search_engine: str) -> None:
+    def _init_state(self, ranker: str) -> None:
         self._memory: sqlite3.Connection | None = None
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -251,25 +251,25 @@ class PaperDB:
         self._size: int | None = None
         self._df: dict[str, int] = {}
         self._by_date: bool | None = None
-        self.search_engine = search_engine
+        self.ranker = ranker
         self._bm25 = LazyIndex()
 
     @property
-    def search_engine(self) -> str:
-        """What was asked for: ``"auto"``, ``"fts5"`` or ``"bm25"`` (settable); ``engine`` is what ranks."""
-        return self._search_engine
+    def ranker(self) -> str:
+        """What was asked for: ``"auto"``, ``"fts5"`` or ``"bm25"`` (settable); ``ranking`` is what ranks."""
+        return self._ranker
 
-    @search_engine.setter
-    def search_engine(self, value: str) -> None:
-        if value not in ENGINES:
-            raise ValueError(f"search_engine must be one of {ENGINES}, got {value!r}")
-        self._search_engine = value
+    @ranker.setter
+    def ranker(self, value: str) -> None:
+        if value not in RANKERS:
+            raise ValueError(f"ranker must be one of {RANKERS}, got {value!r}")
+        self._ranker = value
 
     @property
-    def engine(self) -> str:
-        """The engine searches use: ``"fts5"`` or ``"bm25"`` (``"auto"`` decided by size)."""
-        if self._search_engine != "auto":
-            return self._search_engine
+    def ranking(self) -> str:
+        """The ranker searches use: ``"fts5"`` or ``"bm25"`` (``"auto"`` decided by size)."""
+        if self._ranker != "auto":
+            return self._ranker
         threshold = BM25_MIN_PAPERS if self._memory is None else BM25_MIN_PAPERS_IN_MEMORY
         return "bm25" if len(self) >= threshold else "fts5"
 
@@ -279,11 +279,11 @@ class PaperDB:
 
     @classmethod
     def from_records(cls, papers: Iterable[Paper], edges: Iterable[tuple[str, str]] = (), *,
-                     search_engine: str = "auto", **meta: str) -> PaperDB:
+                     ranker: str = "auto", **meta: str) -> PaperDB:
         """An in-memory database (nothing on disk), e.g. for a generated world; a BM25 index lives in memory."""
         db = cls.__new__(cls)
         db.path = Path(":memory:")
-        db._init_state(search_engine)
+        db._init_state(ranker)
         db.index_dir = None
         db._memory = sqlite3.connect(":memory:", check_same_thread=False)
         _fill(db._memory, papers, edges, meta)
@@ -398,8 +398,8 @@ class PaperDB:
         Ranking runs inside FTS5 alone and only the winners are joined with ``papers``: much faster than
         ranking the join (docs/envs/papers.md, "Measured"). With ``max_date``, a window DATE_WINDOW times larger
         is ranked and filtered by date; only when too few survive is the whole join ranked. With the BM25
-        engine (``engine``), ``search.BM25PaperIndex.ranked`` ranks and SQLite reads the winners."""
-        if self.engine == "bm25":
+        ranker (``ranking``), ``search.BM25PaperIndex.ranked`` ranks and SQLite reads the winners."""
+        if self.ranking == "bm25":
             return self._search_bm25(query, limit, offset, max_date)
         match = self.match_expression(query)
         if match is None or limit <= 0:
@@ -436,7 +436,7 @@ class PaperDB:
 
     def search_total(self, query: str, max_date: str | None = None, cap: int = SEARCH_WINDOW) -> int:
         """How many papers ``search`` can return, counted up to ``cap``."""
-        if self.engine == "bm25":
+        if self.ranking == "bm25":
             words = query_words(query)
             return len(self.bm25_index().ranked(words, cap, max_date)) if words and cap > 0 else 0
         match = self.match_expression(query)

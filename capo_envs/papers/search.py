@@ -1,7 +1,7 @@
-"""The BM25 engine of paper search: the project's BM25 (``capo_envs.retrieval``, bm25s scored by numba)
+"""BM25 ranking of paper search: the project's BM25 (``capo_envs.retrieval``, bm25s scored by numba)
 over title and abstract, with SQLite keeping everything else (metadata, dates, citation edges).
 
-``PaperDB.search`` ranks with FTS5 or with this index (``PaperDB(search_engine=...)``, ``"auto"`` by
+``PaperDB.search`` ranks with FTS5 or with this index (``PaperDB(ranker=...)``, ``"auto"`` by
 size: ``BM25_MIN_PAPERS``). FTS5 ranks every paper that holds a query word inside SQLite, which at 1M
 papers takes 80-100 ms a search; this index answers in about 1-2 ms (docs/envs/papers.md, "Measured").
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("auto", "fts5", "bm25")
+RANKERS = ("auto", "fts5", "bm25")
 # "auto" ranks with FTS5 below these sizes: a file database keeps its BM25 index (built once), an in-memory
 # one builds it in every process, which costs more than FTS5's searches save over a short run (FTS5: about
 # 1 ms a search at 6k papers, 20 ms at 50k; building BM25: 0.3-0.6 ms a paper, docs/envs/papers.md).
