@@ -242,7 +242,7 @@ def _turn(live: list[_Episode], backend: GenerationBackend, rng: random.Random, 
                                list(zip(items, generations)))
         for (ep, prompt), gen, result in zip(items, generations, results):
             if step_episode(ep, prompt, gen.token_ids, gen.logprobs, gen.text, settings.max_prompt_tokens,
-                            result=result):
+                            result=result, features=gen.features):
                 still.append(ep)
     return still
 
@@ -283,14 +283,15 @@ def reset_env(env: gym.Env, task_id: str, *, seed: int) -> tuple[Any, dict]:
 
 def step_episode(
     ep: _Episode, prompt: list[int], token_ids: list[int], logprobs: list[float], text: str, max_prompt_tokens: int,
-    result: tuple | None = None,
+    result: tuple | None = None, features: Any = None,
 ) -> bool:
     """Send one action to the env and record it (prompt, tokens, log-probs, reward, the observation's tokens
     or the episode's end); returns whether the episode goes on. ``result``: the ``env.step(text)`` tuple of a
-    step already made (by an env pool), instead of stepping here."""
+    step already made (by an env pool), instead of stepping here. ``features``: the backend's ``[L, H]``
+    hidden states before each action token (``Generation.features``), kept on the record."""
     obs, reward, terminated, truncated, info = ep.env.step(text) if result is None else result
     record = ActionRecord(prompt_ids=prompt, action_ids=token_ids, old_logprobs=logprobs, reward=float(reward),
-                          action_valid=bool(info.get("action_valid", True)), obs_ids=[])
+                          action_valid=bool(info.get("action_valid", True)), obs_ids=[], state_features=features)
     ep.traj.actions.append(record)
     ep.traj.anchors.append(ep.obs)
     if terminated or truncated:

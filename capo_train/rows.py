@@ -25,7 +25,7 @@ per-position model outputs ``[R, S]`` to ``[A, L]``, so both layouts give the sa
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor
@@ -45,6 +45,8 @@ class ActionRecord:
     obs_ids:      tokens of the observation that followed, wrapped in the chat format's tokens (end of the
                   assistant turn, user turn, next assistant header); ``[]`` after the last action. With
                   concatenated states, ``next.prompt_ids == prompt_ids + action_ids + obs_ids``.
+    state_features: ``[len(action_ids), H]`` hidden states of the actor before each action token, when the
+                  backend recorded them (``HFBackend(keep_features=True)``); None otherwise. In memory only.
     """
 
     prompt_ids: list[int]
@@ -53,6 +55,7 @@ class ActionRecord:
     reward: float
     action_valid: bool
     obs_ids: list[int]
+    state_features: Any = None
 
 
 @dataclass(kw_only=True)
@@ -226,6 +229,16 @@ def build_rows(trajectories: list[Trajectory], layout: str, pad_id: int, max_tok
         action_valid=torch.tensor([a.action_valid for *_, a in actions], dtype=torch.bool),
         action_id=torch.arange(A),
     )
+
+
+def action_features(trajectories: list[Trajectory]) -> list[Tensor] | None:
+    """Each action's ``state_features`` in :func:`build_rows`'s action order (trajectories in order, then
+    steps), or None unless every action has them whole (``[len(action_ids), H]``)."""
+    features = [a.state_features for t in trajectories for a in t.actions]
+    lengths = [len(a.action_ids) for t in trajectories for a in t.actions]
+    if not features or any(f is None or f.shape[0] != n for f, n in zip(features, lengths)):
+        return None
+    return features
 
 
 def token_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:

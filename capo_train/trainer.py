@@ -52,13 +52,14 @@ from .evaluation import held_out
 from .models.checkpoints import CHECKPOINT, RunState, load_run, save_run
 from .report import Logger, Stopwatch, plot_curves, progress_postfix, summarise_run
 from .rollout import RolloutSettings, collect, has_task_ids, rollout_stats
-from .rows import build_rows
+from .rows import action_features, build_rows
 from .setup import (
     WARM_START, Run, build_model, freeze_warm_start, initial_reference, load_kl_reference, make_envs,
     make_optimizers, takes_split,
 )
 from .sft import behaviour_clone, warm_start_tasks
-from .update import compute_targets, critic_fit, final_values, recompute_old_logp, recomputes_logprobs, update
+from .update import (compute_targets, critic_fit, final_values, reads_features, recompute_old_logp, recomputes_logprobs,
+                     update)
 
 
 def iteration_seed(seed: int, iteration: int, salt: int = 0) -> int:
@@ -79,7 +80,8 @@ def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, flo
     # 1. Rollout. rollout.backend: a fresh HFBackend on the actor, or the run's vLLM backend (backends/select.py)
     in_rollout: dict[str, float] = {}  # generate_s, env_s: the backend's and the envs' share of it
     with watch.phase("time/rollout_s"):
-        backend = rollout_backend(config, model, run.tokenizer, batch_size=len(envs), vllm_backend=run.vllm_backend)
+        backend = rollout_backend(config, model, run.tokenizer, batch_size=len(envs), vllm_backend=run.vllm_backend,
+                                  keep_features=algo.needs_critic and reads_features(model))
         run.vllm_backend = backend if holds_weights(backend) else None
         tasks, group = batch_shape(config)
         trajectories = collect(
@@ -109,7 +111,11 @@ def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, flo
     if algo.needs_critic:
         with watch.phase("time/values_s"):  # compute_targets adds its own critic pass to it
             final_value = final_values(model, trajectories, batch, backend.pad_id)  # [A]
-    targets = compute_targets(model, algo, batch, final_value, run.reference, config.rollout.temperature, watch)
+    # A shared critic's values come from the hidden states an HF rollout recorded on the actor (keep_features);
+    # other backends record none, and the critic makes its own pass.
+    features = action_features(trajectories)
+    targets = compute_targets(model, algo, batch, final_value, run.reference, config.rollout.temperature, watch,
+                              state_features=features)
 
     # 4. Update: the critic, then the actor, on mini-batches of rows.
     generator = torch.Generator().manual_seed(iteration_seed(config.seed, iteration, salt=1))

@@ -19,7 +19,7 @@ from .algorithms.losses import action_log_ratio, entropy_loss
 from .backends.select import holds_weights
 from .config import TrainConfig
 from .distributed import synced_minibatch_count, unwrap
-from .models.actor_critic import ActorCritic
+from .models.actor_critic import ActorCritic, SharedCritic
 from .models.logprobs import evaluating, scored_logp
 from .models.scoring import reference_logp
 from .report import Stopwatch
@@ -71,6 +71,30 @@ def final_values(model: ActorCritic, trajectories: list[Trajectory], batch: RowB
     return out.to(batch.reward.device)
 
 
+def reads_features(model: ActorCritic) -> bool:
+    """Whether the critic is a head on the actor's final hidden states (``model.critic=shared``), so that
+    hidden states recorded while generating give its values (:func:`values_from_features`)."""
+    return isinstance(unwrap(model).critic, SharedCritic)
+
+
+@torch.no_grad()
+def values_from_features(model: ActorCritic, features: list[torch.Tensor], batch: RowBatch
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(values [A], token_values [A, L])`` of a shared critic from each action's ``[L_a, H]`` recorded
+    hidden states: row 0 is the last state token (V(s_t), CAPO's boundary value), row j the j-th action
+    token, which is what ``gather_actions(shift_right(values))`` reads from a pass over the rows. The
+    rollout's pass and a training pass differ only by float rounding (batching and padding differ)."""
+    A, L = batch.action_mask.shape
+    H = features[0].shape[-1]
+    padded = torch.zeros(A, L, H)  # [A, L, H]
+    for a, f in enumerate(features):
+        padded[a, : f.shape[0]] = f
+    device = batch.action_mask.device
+    head = unwrap(model).critic
+    token_values = head(padded.to(device)) * batch.action_mask  # [A, L]
+    return token_values[:, 0].clone(), token_values
+
+
 def recomputes_logprobs(config: TrainConfig, backend: Any) -> bool:
     """``rollout.recompute_logprobs``, null meaning: when the backend samples from its own copy of the
     weights (vLLM), not from the actor module itself (HF)."""
@@ -103,9 +127,14 @@ def compute_targets(
     reference: torch.nn.Module | None = None,
     temperature: float = 1.0,
     watch: Stopwatch | None = None,
+    state_features: list[torch.Tensor] | None = None,
 ) -> Targets:
     """Critic values and reference log-probs (at the rollout's ``temperature``) without gradient, then the
-    estimator. ``watch`` times the three: ``time/values_s``, ``time/reference_s``, ``time/estimate_s``."""
+    estimator. ``watch`` times the three: ``time/values_s``, ``time/reference_s``, ``time/estimate_s``.
+
+    ``state_features`` (``rows.action_features``): the actor's hidden states the rollout recorded before each
+    action token. A shared critic's values are then its head on them (:func:`values_from_features`), and
+    the critic pass over the whole batch is skipped."""
     watch = Stopwatch() if watch is None else watch
     step = StepBatch(
         reward=batch.reward,
@@ -120,9 +149,12 @@ def compute_targets(
     old_values = None
     if algo.needs_critic:
         with watch.phase("time/values_s"), evaluating(model):
-            values = model(batch.input_ids, batch.attention_mask, need_values=True, need_logp=False).values  # [R, S]
-            step.values = values[batch.boundary_row, batch.boundary_pos]  # [A]: V(s_t) at the last state token
-            step.token_values = gather_actions(shift_right(values), batch)  # [A, L]: V before each action token
+            if state_features is not None and reads_features(model):
+                step.values, step.token_values = values_from_features(model, state_features, batch)
+            else:
+                values = model(batch.input_ids, batch.attention_mask, need_values=True, need_logp=False).values  # [R, S]
+                step.values = values[batch.boundary_row, batch.boundary_pos]  # [A]: V(s_t) at the last state token
+                step.token_values = gather_actions(shift_right(values), batch)  # [A, L]: V before each action token
         old_values = step.values if algo.critic_at == "boundary" else step.token_values
     ref_logp = None
     if algo.kl_coef > 0:

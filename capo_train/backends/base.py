@@ -20,7 +20,7 @@ Implementations:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 
 @dataclass
@@ -36,12 +36,17 @@ class Generation:
     text:          ``tokenizer.decode(token_ids, skip_special_tokens=True)``: for the env only, never
                    tokenised again.
     finish_reason: ``"stop"`` (a stop string completed on the last token), ``"eos"`` or ``"length"``.
+    features:      ``[L, H]`` float32, only from ``HFBackend(keep_features=True)``: the model's final hidden
+                   state before each generated token (row 0 at the prompt's last token, row j at token j).
+                   A value head on the actor's features reads V(s_t) and the per-token values from these,
+                   so the trainer skips its critic pass over the batch (``update.values_from_features``).
     """
 
     token_ids: list[int]
     logprobs: list[float]
     text: str
     finish_reason: str
+    features: Any = None
 
 
 class GenerationBackend(Protocol):

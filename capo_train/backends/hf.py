@@ -11,6 +11,11 @@ previous prompt + the action + the observation. The backend keeps the KV cache o
 finished in its last call, and a prompt that extends one of them prefills only its new tokens. On CPU
 this removes most of a rollout's cost (re-reading the growing prompt every turn). A backend is meant to
 live for one rollout: build a new one (or call ``clear_prefixes``) after the weights change.
+
+Features (``keep_features=True``): the decoder's final hidden state at the prompt's last position and at
+every fed-back token is what a value head on the actor's features reads, so each :class:`Generation` can
+carry them (``[L, H]``) at no extra compute; the trainer then skips its critic pass over the whole batch,
+which on CPU cost as much as the rollout itself.
 """
 
 from __future__ import annotations
@@ -48,11 +53,13 @@ class HFBackend:
     put in eval mode for the call and restored afterwards.
     """
 
-    def __init__(self, model, tokenizer, *, batch_size: int = 16, reuse_prefixes: bool = True):
+    def __init__(self, model, tokenizer, *, batch_size: int = 16, reuse_prefixes: bool = True,
+                 keep_features: bool = False):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.reuse_prefixes = reuse_prefixes
+        self.keep_features = keep_features
         self._prefixes: list[_Prefix] = []  # the sequences finished in the last generate call
         self.prefilled_tokens = self.reused_tokens = 0  # counters, for benchmarks and tests
         eos = {tokenizer.eos_token_id}
@@ -65,6 +72,8 @@ class HFBackend:
         # ``past_key_values``.
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a peft wrapper
         self._config = inner.config  # for building KV caches of reused prefixes
+        self._decoder = inner.get_decoder() if keep_features else None
+        self._last_hidden: torch.Tensor | None = None  # [rows, H]: the decoder's last position, per forward
         params = inspect.signature(inner.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
@@ -91,6 +100,7 @@ class HFBackend:
         was_training = self.model.training
         self.model.eval()
         finished: list[_Prefix] = []
+        hook = self._decoder.register_forward_hook(self._keep_last_hidden) if self._decoder is not None else None
         try:
             out: list[Generation] = []
             for start in range(0, len(prompts), self.batch_size):
@@ -98,8 +108,16 @@ class HFBackend:
                 out += self._generate_batch(chunk, list(stop), max_new_tokens, temperature, greedy, generator, finished)
             return out
         finally:
+            if hook is not None:
+                hook.remove()
+            self._last_hidden = None
             self.model.train(was_training)
             self._prefixes = finished if self.reuse_prefixes else []
+
+    def _keep_last_hidden(self, module, args, output) -> None:
+        """Forward hook on the decoder: keep its final hidden state at the last position, ``[rows, H]``."""
+        hidden = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+        self._last_hidden = hidden[:, -1].float()
 
     def clear_prefixes(self) -> None:
         """Forget the cached prefixes (needed if the model's weights changed since the last call)."""
@@ -150,6 +168,8 @@ class HFBackend:
         logits, cache = out.logits[:, -1], out[self._cache_arg]  # [n, V]
         next_pos = position_ids[:, -1] + 1  # [n]
         active = list(range(n))  # prompt index of each row still in the batch
+        # features[b][j]: the final hidden state before token j of sequence b ([H] each; keep_features only)
+        features: list[list[torch.Tensor]] = [[h] for h in self._last_hidden] if self.keep_features else []
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
         finish: list[str] = ["length"] * n
@@ -195,10 +215,14 @@ class HFBackend:
             )
             logits, cache = out.logits[:, -1], out[self._cache_arg]
             next_pos = next_pos + 1
+            if self.keep_features:
+                for b, h in zip(active, self._last_hidden):
+                    features[b].append(h)
 
         return [
-            Generation(ids, lps, self.tokenizer.decode(ids, skip_special_tokens=True), reason)
-            for ids, lps, reason in zip(tokens, logprobs, finish)
+            Generation(ids, lps, self.tokenizer.decode(ids, skip_special_tokens=True), reason,
+                       torch.stack(features[b]) if self.keep_features else None)
+            for b, (ids, lps, reason) in enumerate(zip(tokens, logprobs, finish))
         ]
 
     def _stacked_cache(self, reused: list, Q: int):

@@ -55,13 +55,15 @@ def holds_weights(backend: Any) -> bool:
     return callable(getattr(backend, "sync_weights", None))
 
 
-def rollout_backend(config, model, tokenizer, *, batch_size: int, vllm_backend: Any = None) -> GenerationBackend:
+def rollout_backend(config, model, tokenizer, *, batch_size: int, vllm_backend: Any = None,
+                    keep_features: bool = False) -> GenerationBackend:
     """The backend one RL iteration samples with. ``config``: the run's ``TrainConfig``; ``model``: its
     ``ActorCritic``; ``vllm_backend``: the vLLM backend an earlier iteration built (returned as it is, its weights
-    already synced after that iteration's update), None at the first."""
+    already synced after that iteration's update), None at the first. ``keep_features``: an HF backend records
+    the actor's hidden states for a shared critic (``Generation.features``)."""
     name = config.rollout.backend
     if name == "hf":
-        return HFBackend(model.actor, tokenizer, batch_size=batch_size)
+        return HFBackend(model.actor, tokenizer, batch_size=batch_size, keep_features=keep_features)
     if vllm_backend is not None:
         return vllm_backend
     problem = backend_problem(name, config.device)
