@@ -108,6 +108,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    from . import eval_cli
+
+    if eval_cli.wants_report(args):  # panels, repeats, pass@k, recording, --reverify: capo_train/eval_panel.py
+        return eval_cli.run(args, parse_key_values(args.env_kwargs))
+    if args.checkpoint is None:
+        raise SystemExit("capo eval: say which policy to evaluate: --checkpoint DIR")
+    args.env, args.split = args.env or eval_cli.DEFAULT_ENV, args.split or eval_cli.DEFAULT_SPLIT
     from .config import ConfigError, EnvConfig, TrainConfig
     from .models import load_checkpoint
     from data_prep.progress import Progress
@@ -134,14 +141,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         else:
             model, tokenizer = load_checkpoint(_checkpoint_dir(args.checkpoint))
         progress = Progress("capo eval", file=sys.stderr)  # stdout is the JSON result
-        record = None
-        if args.record:  # capo view DIR shows them (episodes/eval-000000.jsonl)
-            from .episodes import held_out_recorder
-
-            config.out_dir, config.record_every, config.record_episodes = args.record, 1, args.episodes
-            record = held_out_recorder(config, 0, tokenizer, envs[0])
-        print(json.dumps(evaluate(model, tokenizer, config, envs, args.episodes, backend=backend, progress=progress,
-                                  on_trajectories=record), indent=2))
+        print(json.dumps(evaluate(model, tokenizer, config, envs, args.episodes, backend=backend, progress=progress),
+                         indent=2))
     finally:
         for env in envs:
             env.close()
@@ -260,17 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
         train.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. rollout.episodes_per_batch=8")
         train.set_defaults(func=_cmd_train, sft_only=name == "sft")
 
-    evaluate = sub.add_parser("eval", help="greedy evaluation of a checkpoint on an env's held-out split")
-    evaluate.add_argument("--checkpoint", required=True,
-                          help="a run folder or its checkpoint/; with --server, where the tokenizer is read")
-    evaluate.add_argument("--server", help="generate through an OpenAI-compatible server instead, e.g. "
-                          "http://127.0.0.1:8000/v1 (`capo serve`, or vLLM)")
-    evaluate.add_argument("--served-model", help="the model name the server knows (default: --checkpoint)")
-    evaluate.add_argument("--env", default="capo/SynthHop-v0")
-    evaluate.add_argument("--split", default="test")
-    evaluate.add_argument("--episodes", type=int, default=100)
-    evaluate.add_argument("--record", metavar="DIR", help="also write the episodes to DIR/episodes/ for capo view")
-    evaluate.add_argument("env_kwargs", nargs="*", metavar="key=value")
+    evaluate = sub.add_parser("eval", help="evaluate a policy (checkpoint, HF folder or server) on a pinned panel "
+                              "or an env's held-out split: repeats, pass@k, per-task JSONL, --reverify")
+    from .eval_cli import add_arguments as add_eval_arguments
+
+    add_eval_arguments(evaluate)
     evaluate.set_defaults(func=_cmd_eval)
 
     serve = sub.add_parser("serve", help="serve a checkpoint over the OpenAI completions API (for OpenAIBackend); "

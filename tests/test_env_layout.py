@@ -21,7 +21,7 @@ MAX_LINES = 500
 
 def test_domains_are_the_packages_beside_core_and_retrieval():
     packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
-    assert packages == {"core", "retrieval", *capo_envs.DOMAINS}
+    assert packages == {"core", "retrieval", "integrations", *capo_envs.DOMAINS}
 
 
 @pytest.mark.parametrize("domain", capo_envs.DOMAINS)
