@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,10 @@ class RolloutConfig:
     # generates from its own copy of the weights (vllm), whose kernels and dtype differ from the training
     # pass: CAPO's ratio clip (3e-4) is far below that gap. The engine's stay in rollout/logprob_gap_*.
     recompute_logprobs: bool | None = None
+    # A shared critic's values from the actor's hidden states that an HF rollout records while generating
+    # (HFBackend(keep_features)) instead of a critic pass over the whole batch: equal values, and on CPU that
+    # pass cost as much as the rollout (docs/results/performance.md). false: the pass, as before.
+    values_from_rollout: bool = True
 
 
 @dataclass
@@ -118,7 +123,7 @@ class TrainConfig:
     iterations: int = 40
     seed: int = 0
     device: str = "auto"  # "auto": the accelerator's device (GPU when there is one); "cpu": always the CPU
-    out_dir: str = "runs/capo-synthhop"
+    out_dir: str | None = None  # null: runs/<algo>-<env name>, e.g. runs/capo-synthchain (default_out_dir)
     eval_every: int = 20  # 0: never evaluate (not even before RL)
     eval_episodes: int = 200  # greedy episodes on the first tasks of env.eval_split (0: no evaluation)
     log_entropy: bool = True  # policy entropy on action tokens (one extra pass over the LM-head logits)
@@ -273,7 +278,18 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         apply_updates(config, read_mapping(path))
     apply_updates(config, parse_overrides(overrides))
     validate(config)
+    if config.out_dir is None:
+        config.out_dir = default_out_dir(config.algo, config.env.id)
     return config
+
+
+def default_out_dir(algo: str, env_id: str) -> str:
+    """``runs/<algo>-<env name>``: the id's name without namespace, module or version, lower case
+    (``capo/SynthChain-v0`` -> ``runs/capo-synthchain``; ``mypkg.envs:my/Env-v1`` -> ``runs/capo-env``)."""
+    name = env_id.rsplit(":", 1)[-1].rsplit("/", 1)[-1]
+    name = re.sub(r"-v\d+$", "", name).lower()
+    name = re.sub(r"[^a-z0-9._-]+", "-", name).strip("-") or "env"
+    return f"runs/{algo}-{name}"
 
 
 def to_dict(config: TrainConfig) -> dict:

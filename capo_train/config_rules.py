@@ -46,7 +46,7 @@ CONFIG_RULES: dict[str, Rule] = {
     "iterations": _int_at_least(1),
     "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
     "device": _one_of("auto", "cpu"),
-    "out_dir": NAME,
+    "out_dir": _or_null(NAME),
     "eval_every": _int_at_least(0),
     "eval_episodes": _int_at_least(0),
     "record_every": _int_at_least(0),

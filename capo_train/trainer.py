@@ -44,7 +44,7 @@ from data_prep.progress import SILENT, Progress
 
 from .algorithms import get
 from .backends.select import holds_weights, rollout_backend, sync_rollout_weights
-from .config import TrainConfig, batch_shape, to_dict
+from .config import TrainConfig, batch_shape, default_out_dir, to_dict
 from .distributed import gather_trajectories, make_accelerator
 from .envpool import pool_from_config
 from .episodes import recorder_for
@@ -81,7 +81,8 @@ def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, flo
     in_rollout: dict[str, float] = {}  # generate_s, env_s: the backend's and the envs' share of it
     with watch.phase("time/rollout_s"):
         backend = rollout_backend(config, model, run.tokenizer, batch_size=len(envs), vllm_backend=run.vllm_backend,
-                                  keep_features=algo.needs_critic and reads_features(model))
+                                  keep_features=config.rollout.values_from_rollout and algo.needs_critic
+                                  and reads_features(model))
         run.vllm_backend = backend if holds_weights(backend) else None
         tasks, group = batch_shape(config)
         trajectories = collect(
@@ -219,6 +220,8 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
     accelerator = make_accelerator(config)
     main = accelerator.is_main_process
     say = Progress(tag, enabled=progress and main)
+    if config.out_dir is None:  # a TrainConfig built in code, not through load_config
+        config.out_dir = default_out_dir(config.algo, config.env.id)
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     say.say(f"{config.algo} on {config.env.id}, {config.iterations} iterations, run folder {out_dir}")

@@ -7,8 +7,10 @@ from capo_train.config import ConfigError, TrainConfig, load_config, parse_overr
 
 def test_defaults_are_the_embedded_run():
     config = load_config()
-    assert config == TrainConfig()
+    assert config == TrainConfig(out_dir="runs/capo-synthchain")  # the run folder is named after the env
     assert (config.algo, config.env.id, config.model.path) == ("capo", "capo/SynthChain-v0", "smollm2")
+    assert load_config(overrides=["algo=grpo", "env.id=capo/SynthHouse-v0"]).out_dir == "runs/grpo-synthhouse"
+    assert load_config(overrides=["out_dir=elsewhere"]).out_dir == "elsewhere"
 
 
 def test_yaml_then_overrides(tmp_path):
