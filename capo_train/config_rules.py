@@ -87,6 +87,7 @@ CONFIG_RULES: dict[str, Rule] = {
     "sft.warmup_frac": UNIT,
     "sft.lr_schedule": _one_of("constant", "cosine"),
     "sft.state_loss_coef": NON_NEGATIVE,
+    "sft.expert_skill": UNIT,
 }
 
 # Every hyperparameter an algorithm reads (its registry defaults and the keys it routes to its estimator

@@ -21,6 +21,7 @@ from .backends.base import GenerationBackend
 from .config import ConfigError, TrainConfig, default_actor_lr, env_kwargs, env_spec
 from .envpool import EnvPool
 from .models.actor_critic import ActorCritic, LoraSettings, build_actor_critic, load_reference
+from .models.env_lm import ensure_env_lm, parse_tiny_path
 from .models.smollm2 import resolve_model_path
 from .rollout import RolloutSettings
 
@@ -65,13 +66,27 @@ def make_envs(config: TrainConfig, split: str, count: int, pool: EnvPool | None 
 # ----------------------------------------------------------------------------- model and optimizers
 
 
+def model_folder(config: TrainConfig) -> str:
+    """``model.path`` as a local folder: ``tiny[:<preset>[:<episodes>]]`` is a tiny LM fitted to the run's env,
+    built once (``capo_train.models.env_lm``); ``smollm2`` the packaged SmolLM2; anything else a folder."""
+    try:
+        tiny = parse_tiny_path(config.model.path)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if tiny is None:
+        return resolve_model_path(config.model.path)
+    preset, episodes = tiny
+    return str(ensure_env_lm(config.env.id, env_kwargs(config.env),
+                             lambda: make_envs(config, config.env.train_split, 1)[0], preset=preset, episodes=episodes))
+
+
 def build_model(config: TrainConfig, algo: BoundAlgorithm) -> tuple[ActorCritic, Any]:
     """The actor (with LoRA if ``model.lora``) and, if the algorithm needs one, its critic; and the tokenizer."""
     lora = None
     if config.model.lora:
         lora = LoraSettings(r=config.model.lora_r, alpha=config.model.lora_alpha, last_layers=config.model.lora_last_layers)
     return build_actor_critic(
-        resolve_model_path(config.model.path),
+        model_folder(config),
         critic=config.model.critic if algo.needs_critic else None,
         dtype=getattr(torch, config.model.dtype),
         lora=lora,

@@ -35,6 +35,7 @@ def expert_trajectories(
     window: int = 2,
     seed: int = 0,
     task_pool: Sequence[str] | None = None,
+    expert_skill: float = 1.0,
     progress: Progress = SILENT,
 ) -> list[Trajectory]:
     """Run the env's expert for ``episodes`` episodes on distinct tasks (of ``task_pool``, default every
@@ -43,6 +44,11 @@ def expert_trajectories(
 
     The expert's action text is tokenised (it was never sampled, so there is nothing to keep token-exact);
     each episode runs through the same start_episode/step_episode code as RL rollouts.
+
+    ``expert_skill`` < 1 makes a demonstrator that errs: at each step, with probability 1 - expert_skill, it
+    plays the env's ``random_action(rng)`` (a random legal action) instead of the expert's, where the env
+    has one; the expert then goes on from where the error led. A warm start cloned from it acts validly
+    but leaves RL something to learn (the oracle's clone would already do what the model can).
     """
     base = env.unwrapped
     ids = env_tasks(env) if task_pool is None else task_pool
@@ -54,7 +60,11 @@ def expert_trajectories(
         episode = start_episode(env, fmt, task_id, seed=seed + n, traj_id=n, group_id=n, state=state, window=window)
         going = True
         while going:
-            text = base.expert_action() if callable(getattr(base, "expert_action", None)) else None
+            text = None
+            if expert_skill < 1.0 and rng.random() >= expert_skill and callable(getattr(base, "random_action", None)):
+                text = base.random_action(rng)  # None where the env's legal actions are not a finite set
+            if text is None and callable(getattr(base, "expert_action", None)):
+                text = base.expert_action()
             if text is None:
                 raise ValueError(f"{env.spec.id if env.spec else base} has no expert to clone")
             action_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -124,7 +134,8 @@ def behaviour_clone(model: ActorCritic, tokenizer, config: TrainConfig, env: gym
     layout = config.rollout.layout if config.rollout.state == "concat" else "per_action"
     trajectories = expert_trajectories(env, tokenizer, episodes=sft.episodes, state=config.rollout.state,
                                        window=config.rollout.window, seed=config.seed,
-                                       task_pool=warm_start_tasks(config, env)[0], progress=progress)
+                                       task_pool=warm_start_tasks(config, env)[0],
+                                       expert_skill=sft.expert_skill, progress=progress)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     device = next(model.parameters()).device
     batch = build_rows(trajectories, layout, pad_id).to(device)

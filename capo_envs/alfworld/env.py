@@ -150,6 +150,13 @@ class HouseEnv(TextEnv):
     def available_actions(self) -> list[str] | None:
         return list(self._state["admissible"])
 
+    def random_action(self, rng) -> str | None:
+        """A random admissible command in the action format (``available_actions`` lists bare commands)."""
+        if self._done or not self._state.get("admissible"):
+            return None
+        command = rng.choice(list(self._state["admissible"]))
+        return self.protocol.render(Action(next(iter(self.protocol.tools)), {"command": command}))
+
     def expert_action(self) -> str | None:
         if self._done or not self._state.get("expert"):
             return None

@@ -9,6 +9,8 @@ metrics are.
 from __future__ import annotations
 
 import difflib
+import random
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -19,6 +21,7 @@ from .protocol import Action, ActionProtocol, as_text, safe_repr
 from .spaces import UnicodeText
 
 TRUNCATION_MARK = "\n[... observation truncated ...]"
+TEMPLATE_SLOT = re.compile(r"<\w+>")  # an available action with a slot to fill, e.g. search[<keywords>]
 
 
 @dataclass
@@ -105,6 +108,14 @@ class TextEnv(gym.Env[str, str]):
     def expert_action(self) -> str | None:
         """The text an expert would send now, in this env's action format; None where there is no expert."""
         return None
+
+    def random_action(self, rng: random.Random) -> str | None:
+        """A uniformly random legal action now, as text the env accepts as it is; None where the legal actions
+        are not a finite set. An erring demonstrator plays it (``capo train sft.expert_skill``), so a warm start
+        can leave RL something to learn. The default draws from ``available_actions()``, skipping templates
+        such as ``search[<keywords>]``; an env whose list is not in its action format renders it instead."""
+        actions = [a for a in (self.available_actions() or []) if not TEMPLATE_SLOT.search(a)]
+        return rng.choice(actions) if actions and not self._done else None
 
     # --- the contract --------------------------------------------------------------------------------
     @property

@@ -308,6 +308,18 @@ class PaperSearchEnv(TextEnv):
             lines.append("Expanded: " + ", ".join(e.paper.arxiv_id for e in expanded[: 3 * self.pool_view]))
         return "\n".join(lines)
 
+    def random_action(self, rng) -> str | None:
+        """Expand 1 to ``max_calls`` papers drawn at random from those the pool view shows not yet expanded
+        (what a policy that expands what it sees would do); None before anything is in the pool."""
+        if self._task is None or self._done:
+            return None
+        entries = sorted(self._pool.values(), key=lambda e: (-e.score, e.order))
+        shown = [e.paper.arxiv_id for e in entries if not e.expanded][: self.pool_view]
+        if not shown:
+            return None
+        picked = rng.sample(shown, rng.randint(1, min(self.protocol.max_calls, len(shown))))
+        return render_calls(self.protocol, [Action("expand", {"paper_id": pid}) for pid in picked])
+
     # --- the oracle ------------------------------------------------------------------------------------
     def expert_action(self) -> str | None:
         """An oracle that knows the gold set. It searches the query's key phrases first, then expands the

@@ -130,6 +130,16 @@ class ShopEnv(TextEnv):
         actions = ["search[<keywords>]"] if session.has_search_bar() else []
         return actions + [f"click[{c}]" for c in session.clickables() if c != "search"]
 
+    def random_action(self, rng) -> str | None:
+        """A random click among the page's clickables, in the action format (never a search: its keywords
+        are free text)."""
+        session = self._session
+        if self._done or session is None:
+            return None
+        shown = {asin.lower(): asin for asin in session._results}  # product IDs as the page shows them
+        values = [shown.get(c, c) for c in session.clickables() if c != "search"]
+        return self.protocol.render(Action("click", {"value": rng.choice(values)})) if values else None
+
     def close(self) -> None:
         self.store.close()
         self.search_engine.close()
@@ -187,7 +197,7 @@ class ShopEnv(TextEnv):
             rank = session._results.index(target)
             want_page = rank // 10 + 1
             if want_page == state.page_num:
-                return render(Action("click", {"value": target.lower()}))
+                return render(Action("click", {"value": target}))  # as the page shows it (the protocol lower-cases)
             return render(Action("click", {"value": (NEXT_PAGE if want_page > state.page_num else PREV_PAGE).lower()}))
         query = self.oracle_query()
         if state.page == RESULTS and " ".join(state.keywords) == query:  # the key terms missed the target

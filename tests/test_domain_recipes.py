@@ -1,0 +1,151 @@
+"""What the domain recipes (configs/*.yaml) rest on: an env's ``random_action`` (a legal action, in its action
+format), the erring demonstrator ``sft.expert_skill``, the tiny LM fitted to an env's text (``model.path:
+tiny``), and the recipe files themselves loading as configs."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+import capo_envs  # noqa: F401
+from capo_envs.alfworld.engine import engine_available
+from capo_envs.webshop.cards import reward_deps_installed
+from capo_train.config import ConfigError, load_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+SCHOLAR = {"size": "tiny", "max_abstract_chars": 0, "search_limit": 5, "shown_per_call": 5, "pool_view": 5}
+needs_webshop = pytest.mark.skipif(not reward_deps_installed(), reason="the webshop extra is not installed")
+
+
+def play_random(env, rng: random.Random, steps: int) -> list[dict]:
+    """Up to ``steps`` steps of the env's random actions (the expert's where there is none); their infos."""
+    infos = []
+    for _ in range(steps):
+        action = env.unwrapped.random_action(rng) or env.unwrapped.expert_action()
+        _, _, terminated, truncated, info = env.step(action)
+        infos.append(info)
+        if terminated or truncated:
+            break
+    return infos
+
+
+@needs_webshop
+def test_synthshop_random_actions_are_clicks_the_env_accepts():
+    env = gym.make("capo/SynthShop-v0", split="train")
+    env.reset(seed=0)
+    assert env.unwrapped.random_action(random.Random(0)) is None  # the search page: only free-text search
+    env.step(env.unwrapped.expert_action())
+    rng = random.Random(1)
+    drawn = {env.unwrapped.random_action(rng) for _ in range(200)}
+    clickables = {f"click[{c}]" for c in env.unwrapped._session.clickables()}
+    assert {a.lower() for a in drawn} == clickables - {"click[search]"}  # every clickable, and nothing else
+    assert any(a != a.lower() for a in drawn)  # product IDs as the page shows them
+    infos = play_random(env, rng, 10)
+    assert infos and all(info["action_valid"] for info in infos)
+
+
+@needs_webshop
+def test_synthshop_expert_clicks_the_product_id_as_shown_and_still_wins():
+    env = gym.make("capo/SynthShop-v0", split="train")
+    obs, _ = env.reset(seed=3)
+    actions, done = [], False
+    while not done:
+        action = env.unwrapped.expert_action()
+        actions.append(action)
+        obs, _, terminated, truncated, info = env.step(action)
+        done = terminated or truncated
+    product = env.unwrapped.goal["asin"]
+    assert f"click[{product}]" in actions and product != product.lower()
+    assert info["metrics"]["success"] == 1.0
+
+
+def test_synthscholar_random_action_expands_papers_in_the_pool_view():
+    env = gym.make("capo/SynthScholar-v0", split="train", **SCHOLAR)
+    obs, _ = env.reset(seed=0)
+    rng = random.Random(0)
+    assert env.unwrapped.random_action(rng) is None  # nothing in the pool yet
+    obs, *_ = env.step(env.unwrapped.expert_action())
+    action = env.unwrapped.random_action(rng)
+    assert action.startswith("<expand>") and action.count("<expand>") <= 5
+    _, _, _, _, info = env.step(action)
+    assert info["action_valid"] and set(info["action"]["name"].split("+")) == {"expand"}
+
+
+@pytest.mark.skipif(not engine_available(), reason="the alfworld extra is not installed")
+def test_synthhouse_random_action_is_a_tagged_admissible_command():
+    env = gym.make("capo/SynthHouse-v0", split="train", size="tiny", max_steps=5)
+    env.reset(seed=0)
+    action = env.unwrapped.random_action(random.Random(0))
+    assert action.startswith("<action>") and action[len("<action>"):-len("</action>")] in env.unwrapped.available_actions()
+    _, _, _, _, info = env.step(action)
+    assert info["action_valid"] and info["metrics" if "metrics" in info else "action"]
+    env.close()
+
+
+def test_an_env_without_finite_actions_has_no_random_action():
+    env = gym.make("capo/SynthHop-v0", split="train", size="tiny")
+    env.reset(seed=0)
+    assert env.unwrapped.random_action(random.Random(0)) is None
+
+
+@needs_webshop
+def test_an_erring_demonstrator_errs_and_a_skilled_one_does_not():
+    from capo_train.models.tiny import make_tiny_tokenizer
+    from capo_train.sft import expert_trajectories
+
+    env = gym.make("capo/SynthShop-v0", split="train")
+    tokenizer = make_tiny_tokenizer()
+
+    def actions(skill: float) -> list[str]:
+        trajectories = expert_trajectories(env, tokenizer, episodes=12, seed=0, expert_skill=skill)
+        return [tokenizer.decode(a.action_ids) for t in trajectories for a in t.actions]
+
+    skilled, erring = actions(1.0), actions(0.3)
+    assert skilled != erring
+    # the expert never goes back from a results page it searched; a random clicker does
+    assert sum(a in ("click[back to search]", "click[< prev]", "click[next >]", "click[description]") for a in erring) > 0
+    assert all("description" not in a and "features" not in a for a in skilled)
+
+
+def test_expert_skill_is_checked_by_the_config():
+    assert load_config(overrides=["sft.expert_skill=0.5"]).sft.expert_skill == 0.5
+    with pytest.raises(ConfigError, match="sft.expert_skill"):
+        load_config(overrides=["sft.expert_skill=1.5"])
+
+
+@pytest.mark.parametrize("name", ["synthshop", "synthhouse", "synthscholar"])
+def test_the_domain_recipes_load(name):
+    config = load_config(CONFIGS / f"{name}.yaml")
+    assert config.model.path.startswith("tiny") and not config.model.lora
+    assert 0 <= config.sft.expert_skill < 1  # the warm start leaves RL something to learn
+    assert config.eval_episodes >= 100
+    assert config.out_dir == f"runs/capo-{name}"
+
+
+def test_a_tiny_lm_fitted_to_an_env_is_built_once_and_reads_its_text(tmp_path):
+    from transformers import AutoTokenizer
+
+    from capo_train.models.env_lm import ensure_env_lm
+
+    made = []
+
+    def make_env():
+        made.append(1)
+        return gym.make("capo/SynthScholar-v0", split="train", **SCHOLAR)
+
+    folder = ensure_env_lm("capo/SynthScholar-v0", SCHOLAR, make_env, preset="tiny", data_dir=tmp_path)
+    assert ensure_env_lm("capo/SynthScholar-v0", SCHOLAR, make_env, preset="tiny", data_dir=tmp_path) == folder
+    assert len(made) == 1 and (folder / "config.json").is_file() and folder.parent == tmp_path / "models"
+    other = ensure_env_lm("capo/SynthScholar-v0", {**SCHOLAR, "pool_view": 4}, make_env, preset="tiny",
+                          data_dir=tmp_path)
+    assert other != folder  # other kwargs, other text: another model
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    env = make_env()
+    _, info = env.reset(seed=0)
+    for fixed in (info["protocol"]["instructions"], "<search>", "</search>", "<expand>"):
+        assert len(tokenizer(fixed, add_special_tokens=False)["input_ids"]) == 1, fixed
+    text = env.unwrapped.expert_action()
+    assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
