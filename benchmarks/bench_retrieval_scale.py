@@ -22,6 +22,10 @@ Libraries (each skipped with a note when it does not import here):
   bm25s-lib-numpy  bm25s's own ``retrieve`` with its numpy backend (dense scores per query)
   tantivy          tantivy (Rust, block-max WAND) through this package's ``library="tantivy"``
   lucene           Lucene 9 via pyserini 0.22.1 / Anserini (JDK 17): ``LuceneRetriever``
+  pisa             PISA (C++, block-max MaxScore) through pyterrier-pisa's extension, with Lucene's BM25
+                   scores stored as 16-bit impacts: ``PisaRetriever`` (``library="pisa"``)
+  pisa-bmw         the same index queried with block-max WAND
+  pisa-8bit        the same with 8-bit impacts (PISA's usual quantisation)
 
 Thread counts are set explicitly: ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``
 and ``NUMBA_NUM_THREADS`` are exported to the children (the last as the largest ``--threads``), and
@@ -283,9 +287,12 @@ def read_queries(folder: Path) -> tuple[list[str], list[str]]:
 # Libraries, as the worker processes open them
 # ---------------------------------------------------------------------------------------------------
 
-LIBRARY_NAMES = ("bm25s-numba", "bm25s-lucene", "bm25s-scipy", "bm25s-lib-numba", "bm25s-lib-numpy", "tantivy", "lucene")
+LIBRARY_NAMES = ("bm25s-numba", "bm25s-lucene", "bm25s-scipy", "bm25s-lib-numba", "bm25s-lib-numpy", "tantivy", "lucene",
+                 "pisa", "pisa-bmw", "pisa-8bit")
 INDEX_OF = {"bm25s-numba": "bm25s", "bm25s-scipy": "bm25s", "bm25s-lib-numba": "bm25s", "bm25s-lib-numpy": "bm25s",
-            "bm25s-lucene": "bm25s-lucene", "tantivy": "tantivy", "lucene": "lucene"}
+            "bm25s-lucene": "bm25s-lucene", "tantivy": "tantivy", "lucene": "lucene", "pisa": "pisa",
+            "pisa-bmw": "pisa", "pisa-8bit": "pisa-8bit"}
+STREAMED = ("pisa", "pisa-8bit")  # index kinds built from the corpus file as a stream, never held in memory
 K = 10  # every library returns its top 10: recall@5 reads the first 5, the Lucene overlap all 10
 
 
@@ -299,6 +306,10 @@ def library_unavailable(name: str) -> str | None:
             import numba  # noqa: F401
         if name == "tantivy":
             import tantivy  # noqa: F401
+        if name.startswith("pisa"):
+            from capo_envs.retrieval.pisa import pisa_unavailable
+
+            return pisa_unavailable()
         if name == "lucene":
             import importlib.util
 
@@ -314,6 +325,10 @@ def library_unavailable(name: str) -> str | None:
 
 
 def _build(kind: str, passages, threads: int):
+    if kind.startswith("pisa"):
+        from capo_envs.retrieval.pisa import PisaRetriever
+
+        return PisaRetriever.build(passages, threads=threads, impact_bits=8 if kind == "pisa-8bit" else 16)
     if kind == "lucene":
         from capo_envs.retrieval.lucene import LuceneRetriever
 
@@ -368,6 +383,11 @@ class _Served:
             from capo_envs.retrieval.lucene import LuceneRetriever
 
             self._impl = LuceneRetriever.load(index_dir, threads=threads)
+        elif name.startswith("pisa"):
+            from capo_envs.retrieval.pisa import PisaRetriever
+
+            algorithm = "block_max_wand" if name == "pisa-bmw" else "block_max_maxscore"
+            self._impl = PisaRetriever.load(index_dir, threads=threads, algorithm=algorithm)
         else:
             from capo_envs.retrieval.bm25 import BM25Retriever
 
@@ -431,7 +451,8 @@ def worker_build(kind: str, corpus_dir: Path, index_dir: Path, threads: int) -> 
     from capo_envs.retrieval.base import read_corpus
 
     t0 = time.perf_counter()
-    passages = list(read_corpus(corpus_dir / "corpus.jsonl"))
+    # a streamed build reads the corpus as it indexes (in build_s): at 21M the passages do not fit in memory
+    passages = read_corpus(corpus_dir / "corpus.jsonl") if kind in STREAMED else list(read_corpus(corpus_dir / "corpus.jsonl"))
     read_s = time.perf_counter() - t0
     rss_passages = _rss_mb()
     t0, cpu0, child0 = time.perf_counter(), time.process_time(), _children_cpu_s()

@@ -17,6 +17,8 @@ if [ "${1:-}" = "--test" ]; then
   PATH="$PWD/.venv/bin:$PATH" $PIP install -e ".[alfworld]"
   # Lucene BM25 (optional backend, tested): pyserini without the heavy dependencies it does not need here.
   $PIP install --no-deps "pyserini==0.22.1"
+  # PISA BM25 (optional library, tested): its extension and TBB runtime only, not PyTerrier.
+  $PIP install --no-deps "pyterrier-pisa==0.4.9" "tbb<=2020.3.254"
 else
   $PIP install -e ".[train,dense,bm25-fast]"
 fi

@@ -1,5 +1,6 @@
 """How ``library="auto"`` picks a BM25 library: speed first, then whether the build fits in memory
-(``capo_envs.retrieval.bm25_choice.library_choice``), and how ``open_retriever("bm25")`` hands over to Lucene."""
+(``capo_envs.retrieval.bm25_choice.library_choice``), and how ``open_retriever("bm25")`` hands over to PISA
+or Lucene."""
 
 from __future__ import annotations
 
@@ -60,35 +61,35 @@ def test_build_memory_is_the_fit_of_the_quiet_cells(cell_library, key):
 @needs_numba
 def test_bm25s_wherever_its_build_fits():
     for n in (1, 10_000, 1_000_000, 3_000_000):
-        assert bm25_choice.choose_library(n, memory_bytes=MACHINE, lucene=False) == "bm25s"
-        assert bm25_choice.library_choice(n, memory_bytes=MACHINE, lucene=True) == bm25_choice.LibraryChoice("bm25s", "")
+        assert bm25_choice.choose_library(n, memory_bytes=MACHINE, lucene=False, pisa=False) == "bm25s"
+        assert bm25_choice.library_choice(n, memory_bytes=MACHINE, lucene=True, pisa=False) == bm25_choice.LibraryChoice("bm25s", "")
 
 
 @needs_numba
 def test_the_switch_sits_where_the_estimate_meets_the_memory_share():
     n = 2_000_000
     just_enough = int(np.ceil(bm25_choice.build_memory_bytes("bm25s", n) / bm25_choice.BUILD_MEMORY_SHARE))
-    assert bm25_choice.choose_library(n, memory_bytes=just_enough, lucene=True) == "bm25s"
-    assert bm25_choice.choose_library(n, memory_bytes=just_enough - 10**6, lucene=True) == "lucene"
+    assert bm25_choice.choose_library(n, memory_bytes=just_enough, lucene=True, pisa=False) == "bm25s"
+    assert bm25_choice.choose_library(n, memory_bytes=just_enough - 10**6, lucene=True, pisa=False) == "lucene"
     # 24 GB: bm25s (Lucene's analysis, the default) up to ~3M passages, not 5M (the estimate is ~26 GB there)
-    assert bm25_choice.choose_library(3_500_000, memory_bytes=MACHINE, lucene=True) == "bm25s"
-    assert bm25_choice.choose_library(4_000_000, memory_bytes=MACHINE, analyzer="snowball", lucene=True) == "bm25s"
-    assert bm25_choice.choose_library(5_000_000, memory_bytes=MACHINE, lucene=True) == "lucene"
+    assert bm25_choice.choose_library(3_500_000, memory_bytes=MACHINE, lucene=True, pisa=False) == "bm25s"
+    assert bm25_choice.choose_library(4_000_000, memory_bytes=MACHINE, analyzer="snowball", lucene=True, pisa=False) == "bm25s"
+    assert bm25_choice.choose_library(5_000_000, memory_bytes=MACHINE, lucene=True, pisa=False) == "lucene"
 
 
 @needs_numba
 def test_too_big_for_bm25s_goes_to_lucene_else_tantivy():
-    choice = bm25_choice.library_choice(5_000_000, memory_bytes=MACHINE, lucene=True)
+    choice = bm25_choice.library_choice(5_000_000, memory_bytes=MACHINE, lucene=True, pisa=False)
     assert choice.library == "lucene"
     assert "bm25s's build needs ~25.7 GB" in choice.reason and "19.2 GB usable" in choice.reason
-    choice = bm25_choice.library_choice(5_000_000, memory_bytes=MACHINE, lucene=False)
+    choice = bm25_choice.library_choice(5_000_000, memory_bytes=MACHINE, lucene=False, pisa=False)
     assert choice.library == "tantivy"
     assert "tantivy's needs ~6.0 GB" in choice.reason
 
 
 def test_nothing_fits_raises_an_error_that_names_estimate_memory_and_options():
     with pytest.raises(MemoryError) as raised:
-        bm25_choice.choose_library(20_000_000, kernel="scipy", memory_bytes=MACHINE, lucene=False)
+        bm25_choice.choose_library(20_000_000, kernel="scipy", memory_bytes=MACHINE, lucene=False, pisa=False)
     message = str(raised.value)
     tantivy_gb = bm25_choice.build_memory_bytes("tantivy", 20_000_000) / GB
     assert "20,000,000 passages" in message
@@ -101,35 +102,35 @@ def test_nothing_fits_raises_an_error_that_names_estimate_memory_and_options():
 @needs_numba
 def test_error_with_numba_names_both_java_free_estimates():
     with pytest.raises(MemoryError, match=r"bm25s's build needs ~102\.2 GB .*\(tantivy's ~23\.8 GB\)"):
-        bm25_choice.choose_library(20_000_000, memory_bytes=MACHINE, lucene=False)
+        bm25_choice.choose_library(20_000_000, memory_bytes=MACHINE, lucene=False, pisa=False)
 
 
 def test_lucene_analyzer_never_falls_back_to_tantivy():
     """tantivy cannot rank as Lucene does, so analyzer="lucene" goes to bm25s, Lucene, or an error."""
-    assert bm25_choice.choose_library(10**6, memory_bytes=MACHINE, analyzer="lucene", lucene=False) == "bm25s"
-    assert bm25_choice.choose_library(5 * 10**6, memory_bytes=MACHINE, analyzer="lucene", lucene=True) == "lucene"
+    assert bm25_choice.choose_library(10**6, memory_bytes=MACHINE, analyzer="lucene", lucene=False, pisa=False) == "bm25s"
+    assert bm25_choice.choose_library(5 * 10**6, memory_bytes=MACHINE, analyzer="lucene", lucene=True, pisa=False) == "lucene"
     with pytest.raises(MemoryError, match="bm25s's build needs ~25.7 GB") as raised:
-        bm25_choice.choose_library(5 * 10**6, memory_bytes=MACHINE, analyzer="lucene", lucene=False)
+        bm25_choice.choose_library(5 * 10**6, memory_bytes=MACHINE, analyzer="lucene", lucene=False, pisa=False)
     assert "tantivy's" not in str(raised.value)
 
 
 def test_without_numba_the_speed_rule_still_applies_then_memory():
-    assert bm25_choice.library_choice(bm25_choice.SCIPY_MAX_PASSAGES, "scipy", MACHINE, lucene=False).library == "bm25s"
-    choice = bm25_choice.library_choice(10**6, "scipy", MACHINE, lucene=False)
+    assert bm25_choice.library_choice(bm25_choice.SCIPY_MAX_PASSAGES, "scipy", MACHINE, lucene=False, pisa=False).library == "bm25s"
+    choice = bm25_choice.library_choice(10**6, "scipy", MACHINE, lucene=False, pisa=False)
     assert choice.library == "tantivy" and "tantivy is faster" in choice.reason
-    assert bm25_choice.choose_library(10**6, "scipy", 1.5 * GB, lucene=True) == "lucene"  # tantivy needs ~1.3 GB > 1.2
+    assert bm25_choice.choose_library(10**6, "scipy", 1.5 * GB, lucene=True, pisa=False) == "lucene"  # tantivy needs ~1.3 GB > 1.2
     with pytest.raises(MemoryError):
-        bm25_choice.choose_library(10**6, "scipy", 1.5 * GB, lucene=False)
+        bm25_choice.choose_library(10**6, "scipy", 1.5 * GB, lucene=False, pisa=False)
 
 
 def test_lucene_is_offered_exactly_when_it_is_installed():
     why = bm25_choice.lucene_unavailable()
     assert why is None or isinstance(why, str) and why
     if why is None:
-        assert bm25_choice.choose_library(10**6, "scipy", 10**6) == "lucene"
+        assert bm25_choice.choose_library(10**6, "scipy", 10**6, pisa=False) == "lucene"
     else:
         with pytest.raises(MemoryError, match=re.escape(f"here: {why}")):
-            bm25_choice.choose_library(10**6, "scipy", 10**6)
+            bm25_choice.choose_library(10**6, "scipy", 10**6, pisa=False)
 
 
 def test_the_machines_memory_is_read_when_not_given():
@@ -144,7 +145,7 @@ def test_a_switch_is_logged_in_one_line_the_default_is_not(caplog):
     with caplog.at_level(logging.INFO, logger="capo_envs.retrieval.bm25"):
         assert bm25_choice.choose_library(1000, memory_bytes=MACHINE) == "bm25s"
         assert caplog.records == []
-        assert bm25_choice.choose_library(10**6, "scipy", MACHINE, lucene=False) == "tantivy"
+        assert bm25_choice.choose_library(10**6, "scipy", MACHINE, lucene=False, pisa=False) == "tantivy"
     (record,) = caplog.records
     assert record.levelno == logging.WARNING and "\n" not in record.getMessage()
     assert record.getMessage().startswith("BM25 library tantivy for 1000000 passages: no numba kernel")
@@ -171,7 +172,7 @@ def test_an_explicit_library_is_never_overridden(passages, library):
 
 
 def test_bm25retriever_build_raises_rather_than_running_out_of_memory(passages):
-    with pytest.raises(MemoryError, match='open_retriever\\("bm25"\\) switches to Lucene'):
+    with pytest.raises(MemoryError, match='open_retriever\\("bm25"\\) switches to PISA or Lucene'):
         BM25Retriever.build(passages, memory_bytes=1)
 
 
@@ -191,3 +192,45 @@ def test_open_retriever_hands_over_to_lucene_and_reloads_it(passages, tmp_path, 
     assert isinstance(again, LuceneRetriever)
     assert again.search(["slowly moving ice"], 1)[0][0].title == "Glacier"
     again.close()
+
+
+# --- PISA: the speed pick from PISA_MIN_PASSAGES on, and the memory fallback before Lucene ---------------
+
+
+@needs_numba
+def test_pisa_from_its_threshold_on_when_installed():
+    at = bm25_choice.PISA_MIN_PASSAGES
+    assert bm25_choice.choose_library(at - 1, memory_bytes=MACHINE, pisa=True) == "bm25s"
+    for n in (at, 5_000_000, 21_000_000):  # 21M: the build streams, ~1 GB whatever the size
+        choice = bm25_choice.library_choice(n, memory_bytes=MACHINE, pisa=True)
+        assert choice.library == "pisa" and "ranks as Lucene" in choice.reason
+    assert bm25_choice.choose_library(5_000_000, memory_bytes=MACHINE, pisa=False, lucene=True) == "lucene"
+
+
+def test_pisa_only_for_lucenes_analysis():
+    """PISA stores Lucene's BM25 scores: an explicit snowball analysis stays with bm25s/tantivy."""
+    assert bm25_choice.choose_library(10**6, memory_bytes=MACHINE, analyzer="snowball", pisa=True) != "pisa"
+    assert bm25_choice.choose_library(10**6, memory_bytes=MACHINE, analyzer="lucene", pisa=True) == "pisa"
+
+
+@needs_numba
+def test_pisa_is_the_first_fallback_when_bm25s_does_not_fit():
+    n = bm25_choice.PISA_MIN_PASSAGES - 1  # below the speed threshold: bm25s unless its build does not fit
+    bm25s_needs = bm25_choice.build_memory_bytes("bm25s", n)
+    pisa_needs = bm25_choice.build_memory_bytes("pisa", n)
+    assert pisa_needs < bm25s_needs
+    memory = int((pisa_needs + bm25s_needs) / 2 / bm25_choice.BUILD_MEMORY_SHARE)  # room for PISA only
+    choice = bm25_choice.library_choice(n, memory_bytes=memory, pisa=True, lucene=True)
+    assert choice.library == "pisa" and "streams its build" in choice.reason
+    assert bm25_choice.choose_library(n, memory_bytes=memory, pisa=False, lucene=True) == "lucene"
+    with pytest.raises(MemoryError, match='library="pisa"'):
+        bm25_choice.choose_library(n, memory_bytes=memory, pisa=False, lucene=False)
+
+
+def test_pisa_is_chosen_by_default_exactly_when_installed():
+    from capo_envs.retrieval.pisa import pisa_unavailable
+
+    expected = "pisa" if pisa_unavailable() is None else "bm25s"
+    assert bm25_choice.choose_library(10**6, memory_bytes=MACHINE, lucene=False) in (expected, "tantivy")
+    if expected == "pisa":
+        assert bm25_choice.choose_library(10**6, memory_bytes=MACHINE) == "pisa"

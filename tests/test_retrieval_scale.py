@@ -54,7 +54,7 @@ def test_rule_with_numba_is_bm25s_at_every_size(monkeypatch):
     monkeypatch.setattr(bm25_kernel, "available", lambda: True)
     assert bm25.resolve_kernel() == "numba"
     plenty = 10**15  # memory is not the question here (tests/test_bm25_library_choice.py)
-    assert {bm25.choose_library(n, memory_bytes=plenty) for n in (1, 10_000, 10**6, 21 * 10**6)} == {"bm25s"}
+    assert {bm25.choose_library(n, memory_bytes=plenty, pisa=False) for n in (1, 10_000, 10**6, 21 * 10**6)} == {"bm25s"}
 
 
 def test_rule_without_numba_switches_to_tantivy_above_the_threshold(monkeypatch):
@@ -62,8 +62,8 @@ def test_rule_without_numba_switches_to_tantivy_above_the_threshold(monkeypatch)
     assert bm25.resolve_kernel() == "scipy"
     plenty = 10**15
     assert bm25.choose_library(bm25.SCIPY_MAX_PASSAGES, memory_bytes=plenty) == "bm25s"
-    assert bm25.choose_library(bm25.SCIPY_MAX_PASSAGES + 1, memory_bytes=plenty) == "tantivy"
-    assert bm25.choose_library(10**9, kernel="scipy", memory_bytes=plenty) == "tantivy"
+    assert bm25.choose_library(bm25.SCIPY_MAX_PASSAGES + 1, memory_bytes=plenty, pisa=False) == "tantivy"
+    assert bm25.choose_library(10**9, kernel="scipy", memory_bytes=plenty, pisa=False) == "tantivy"
     with pytest.raises(ImportError, match="numba"):
         bm25.resolve_kernel("numba")
 

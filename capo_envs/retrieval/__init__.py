@@ -1,6 +1,6 @@
 """Retrieval backends behind one interface, and ``open_retriever`` to get one by name.
 
-Only the torch-free parts are imported here; dense (torch, transformers, faiss), Lucene (Java) and
+Only the torch-free parts are imported here; dense (torch, transformers, faiss), Lucene (Java), PISA and
 HTTP backends are imported when ``open_retriever`` is asked for them.
 """
 
@@ -18,7 +18,7 @@ __all__ = [
     "BM25Retriever", "open_retriever", "KINDS",
 ]
 
-KINDS = ("bm25", "lucene", "dense", "hybrid")
+KINDS = ("bm25", "lucene", "pisa", "dense", "hybrid")
 _BM25_KWARGS = {"library", "show_progress", "kernel", "threads", "analyzer", "memory_bytes"}
 _HYBRID_KWARGS = {"rrf_k", "depth", "weights"}
 
@@ -30,22 +30,29 @@ def _index_class(kind: str):
         from .dense import DenseRetriever
 
         return DenseRetriever
+    if kind == "pisa":
+        from .pisa import PisaRetriever
+
+        return PisaRetriever
     from .lucene import LuceneRetriever
 
     return LuceneRetriever
 
 
-def _saved_lucene(index_dir: Path) -> bool:
-    """Whether ``index_dir`` holds a ``lucene`` index (kind ``bm25`` saves one when it handed over)."""
+def _saved_retriever(index_dir: Path) -> str | None:
+    """``lucene`` or ``pisa`` when ``index_dir`` holds such an index (kind ``bm25`` saves one when it
+    handed over), else None."""
     try:
-        return json.loads((index_dir / "meta.json").read_text()).get("retriever") == "lucene"
+        saved = json.loads((index_dir / "meta.json").read_text()).get("retriever")
     except (OSError, ValueError, AttributeError):
-        return False
+        return None
+    return saved if saved in ("lucene", "pisa") else None
 
 
 def _build_bm25(passages: Sequence[Passage], kwargs: dict[str, Any]) -> Retriever:
-    """Kind ``bm25``: ``BM25Retriever``, or Lucene when ``library="auto"`` finds that the build of
-    neither Java-free library fits in memory and Lucene is installed (``bm25_choice.library_choice``)."""
+    """Kind ``bm25``: ``BM25Retriever``; or PISA (``library="pisa"``, or ``"auto"`` where it is installed and
+    faster), or Lucene when ``library="auto"`` finds that no Java-free build fits in memory and Lucene is
+    installed (``bm25_choice.library_choice``)."""
     kwargs = dict(kwargs)
     memory_bytes = kwargs.pop("memory_bytes", None)
     if kwargs.get("library", "auto") == "auto":  # only "auto" hands over; library="lucene" is kind lucene, not bm25
@@ -56,16 +63,25 @@ def _build_bm25(passages: Sequence[Passage], kwargs: dict[str, Any]) -> Retrieve
             from .lucene import LuceneRetriever
 
             return LuceneRetriever.build(passages, threads=kwargs.get("threads") or 1, show_progress=kwargs.get("show_progress", False))
+    if kwargs["library"] == "pisa":
+        from .pisa import PisaRetriever
+
+        if kwargs.get("analyzer") not in (None, "lucene"):
+            raise ValueError(f'library="pisa" ranks as Lucene only: analyzer {kwargs["analyzer"]!r} needs library="bm25s"')
+        return PisaRetriever.build(passages, threads=kwargs.get("threads") or 1, show_progress=kwargs.get("show_progress", False))
     return BM25Retriever.build(passages, **kwargs)
 
 
 def _load_or_build(kind: str, get_passages: Callable[[], Sequence[Passage]], index_dir: Path | None, kwargs: dict[str, Any]) -> Retriever:
     cls = _index_class(kind)
     if index_dir is not None and index_dir.is_dir() and any(index_dir.iterdir()):
-        if kind == "bm25" and _saved_lucene(index_dir):
-            return _index_class("lucene").load(index_dir, threads=kwargs.get("threads") or 1)
+        saved = _saved_retriever(index_dir) if kind == "bm25" else None
+        if saved is not None:
+            return _index_class(saved).load(index_dir, threads=kwargs.get("threads") or 1)
         if kind == "bm25":  # how to score a saved index is chosen at load time
             return cls.load(index_dir, **{key: v for key, v in kwargs.items() if key in ("kernel", "threads")})
+        if kind == "pisa":
+            return cls.load(index_dir, **{key: v for key, v in kwargs.items() if key in ("algorithm", "threads")})
         return cls.load(index_dir)
     retriever = _build_bm25(get_passages(), kwargs) if kind == "bm25" else cls.build(get_passages(), **kwargs)
     if index_dir is not None:
@@ -92,13 +108,15 @@ def open_retriever(
     with ``kernel``/``threads``.
 
     ``bm25`` with ``library="auto"`` (``capo_envs.retrieval.bm25_choice``) picks a BM25 library for
-    speed first: bm25s at every size when numba is installed (scored by numba from 20k passages on,
-    by scipy below, bit-identically); without numba, bm25s up to 50k passages and tantivy above. Then
-    for memory: when that build's estimated peak (``bm25_choice.BUILD_MEMORY``, on top of the loaded
-    passages) exceeds 80% of the memory available (``memory_bytes=`` overrides what the machine
-    reports), it builds the ``lucene`` kind instead when pyserini and Java are installed (saved in
-    ``index_dir`` and loaded back as such), else tantivy if that fits, else raises ``MemoryError``
-    naming the options. A switch is logged in one line; an explicit ``library="bm25s"``/``"tantivy"``
+    speed first: PISA (``pisa.PisaRetriever``, Lucene's ranking) from ``bm25_choice.PISA_MIN_PASSAGES``
+    passages on when pyterrier-pisa is installed; else bm25s at every size when numba is installed (scored
+    by numba from 20k passages on, by scipy below, bit-identically); without numba, bm25s up to 50k
+    passages and tantivy above. Then for memory: when that build's estimated peak
+    (``bm25_choice.BUILD_MEMORY``, on top of the loaded passages) exceeds 80% of the memory available
+    (``memory_bytes=`` overrides what the machine reports), it builds PISA (which streams its build) or
+    else the ``lucene`` kind instead when installed (saved in ``index_dir`` and loaded back as such), else
+    tantivy if that fits, else raises ``MemoryError`` naming the options. ``library="pisa"`` builds PISA
+    as asked; so does kind ``pisa`` (kwargs ``threads``, ``impact_bits``, ``algorithm``). A switch is logged in one line; an explicit ``library="bm25s"``/``"tantivy"``
     is always built as asked. bm25s ranks as the ``lucene`` kind (pyserini) does, without Java
     (``analyzer="lucene"``, the default; ``analyzer="snowball"``: bm25s's own analysis).
     With ``cache_size > 0`` the result sits behind an LRU query cache.

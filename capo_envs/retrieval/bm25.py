@@ -7,17 +7,22 @@
   are snowball's.
 * ``tantivy``: a Rust inverted index with its own, snowball-like analysis.
 
+A third library, ``pisa`` (PISA's C++ engine with Lucene's BM25 scores stored as integer impacts), is a
+retriever of its own, ``pisa.PisaRetriever``: it keeps its passages on disk and streams its build, so it
+serves corpora of any size; ``open_retriever("bm25", library="pisa")`` builds it.
+
 The libraries, their analysis and kernels are in ``bm25_libraries.py``. ``library="auto"`` (the default)
-picks one (``bm25_choice.py``): by speed, bm25s at every size when numba is installed, else bm25s up to
+picks one (``bm25_choice.py``): by speed, PISA from ``PISA_MIN_PASSAGES`` on when it is installed (only
+through ``open_retriever``), else bm25s at every size when numba is installed, else bm25s up to
 ``SCIPY_MAX_PASSAGES`` and tantivy above; then, when the estimated build does not fit in 80% of the
 memory available, tantivy if it fits, else a ``MemoryError`` naming the options (``open_retriever("bm25")``
-builds the ``lucene`` kind instead when pyserini and Java are installed). An explicit
+builds PISA, else the ``lucene`` kind, instead when installed). An explicit
 ``library="bm25s"`` or ``"tantivy"`` is always built as asked. A choice other than bm25s is logged in
 one line with its reason (logger ``capo_envs.retrieval.bm25``).
 
 Both libraries break score ties by corpus position (lower first) and only return passages that share at
 least one term with the query, so a query can get fewer than ``k`` hits, or none. Speed, memory and
-ranking against Lucene at 10k-5M passages: docs/results/performance.md, section 4
+ranking against Lucene at 10k-21M passages: docs/results/performance.md, section 4
 (``benchmarks/bench_retrieval_scale.py``).
 """
 
@@ -121,12 +126,14 @@ class BM25Retriever(Retriever):
         refuse_removed_keywords(removed)
         passages = list(passages)
         spec = analysis(analyzer or DEFAULT_ANALYZER)
+        if library == "pisa":
+            raise ValueError('library="pisa" is a retriever of its own: open_retriever("bm25", library="pisa") or PisaRetriever.build')
         if library != "auto":
             _index_class(library)  # an unknown name fails before anything else
         if not passages:
             raise ValueError("cannot build a BM25 index over zero passages")
         if library == "auto":
-            library = choose_library(len(passages), kernel, memory_bytes, analyzer=analyzer, lucene=False)
+            library = choose_library(len(passages), kernel, memory_bytes, analyzer=analyzer, lucene=False, pisa=False)
         index_cls = _index_class(library)
         texts = [_passage_text(p) for p in passages]
         if index_cls is TantivyIndex:

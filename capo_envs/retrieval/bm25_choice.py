@@ -1,15 +1,18 @@
 """What ``library="auto"`` builds: a BM25 library picked by speed first, then by whether its build fits
 in memory.
 
-1. Speed. With numba: bm25s at every size, scored by numba from ``NUMBA_MIN_PASSAGES`` on and by scipy
+1. Speed. PISA (``library="pisa"``, ``pisa.py``) from ``PISA_MIN_PASSAGES`` on when pyterrier-pisa's
+   extension is installed and the analysis is Lucene's (the default; PISA ranks only as Lucene does).
+   Otherwise, with numba: bm25s at every size, scored by numba from ``NUMBA_MIN_PASSAGES`` on and by scipy
    below (bit-identical; small corpora skip numba's load time). Without numba: bm25s up to
    ``SCIPY_MAX_PASSAGES``, tantivy above (it is faster than bm25s's scipy kernel on large corpora).
 2. Memory. The peak that the build adds to a process already holding the passages is estimated as a
    line in the number of passages (``BUILD_MEMORY``, per library and analyzer) and must fit in
    ``BUILD_MEMORY_SHARE`` of the memory available now (``available_memory_bytes``: MemAvailable, capped
-   by the cgroup limit). When the pick of step 1 does not fit: Lucene (``open_retriever`` builds the
-   ``lucene`` kind) when pyserini, pyjnius and Java are installed, else tantivy if it fits (not for an
-   explicit ``analyzer="lucene"``, which tantivy cannot do), else a ``MemoryError`` that names the options.
+   by the cgroup limit). When the pick of step 1 does not fit: PISA if it is installed and fits (its
+   build streams the passages through disk), else Lucene (``open_retriever`` builds the ``lucene`` kind)
+   when pyserini, pyjnius and Java are installed, else tantivy if it fits (not for an explicit
+   ``analyzer="lucene"``, which tantivy cannot do), else a ``MemoryError`` that names the options.
 
 The thresholds and the memory lines come from ``benchmarks/bench_retrieval_scale.py``; the measurements,
 and what they mean on a given machine, are in docs/results/performance.md (section 4a).
@@ -31,6 +34,9 @@ LIBRARIES = ("bm25s", "tantivy")
 DEFAULT_LIBRARY = "bm25s"  # what "auto" builds for small corpora (and at every size with numba)
 # Above this many passages, without numba, "auto" builds tantivy (see library_choice).
 SCIPY_MAX_PASSAGES = 50_000
+# From this many passages on, "auto" builds PISA when it is installed: faster than bm25s's numba kernel there
+# (docs/results/performance.md, section 4a).
+PISA_MIN_PASSAGES = 100_000
 # What building an index adds to a process that already holds the passages, as (fixed bytes, bytes per
 # passage), per (library, analyzer): least-squares lines through build_peak_rss_mb - build_rss_passages_mb
 # of the quiet 10k/100k/1M cells in docs/results/retrieval_scale.jsonl (tests/test_bm25_library_choice.py
@@ -39,6 +45,7 @@ BUILD_MEMORY = {
     ("bm25s", "snowball"): (148_000_000, 4_627),
     ("bm25s", "lucene"): (148_000_000, 5_101),  # more: the pass that rounds lengths as Lucene does
     ("tantivy", "snowball"): (123_000_000, 1_184),  # its 512 MB writer heap included
+    ("pisa", "lucene"): (400_000_000, 400),  # placeholder until measured
 }
 # "auto" plans a build to use at most this share of the available memory: the estimate is from one
 # corpus, and the rest of the process (env workers, the trainer) keeps allocating.
@@ -48,8 +55,18 @@ BUILD_MEMORY_SHARE = 0.8
 def build_memory_bytes(library: str, n_passages: int, analyzer: str = DEFAULT_ANALYZER) -> int:
     """Estimated peak memory that building ``library`` over ``n_passages`` adds to a process that
     already holds the passages (``BUILD_MEMORY``)."""
-    fixed, per_passage = BUILD_MEMORY[(library, analysis(analyzer).name if library == "bm25s" else "snowball")]
+    fixed, per_passage = BUILD_MEMORY[(library, analysis(analyzer).name if library == "bm25s" else _OWN_ANALYZER[library])]
     return int(fixed + per_passage * max(0, int(n_passages)))
+
+
+_OWN_ANALYZER = {"tantivy": "snowball", "pisa": "lucene"}
+
+
+def pisa_unavailable() -> str | None:
+    """Why the ``pisa`` library cannot be built here (pyterrier-pisa's extension and its TBB runtime), or None."""
+    from .pisa import pisa_unavailable as why_not
+
+    return why_not()
 
 
 def _cgroup_free_bytes() -> int | None:
@@ -125,7 +142,7 @@ def lucene_unavailable() -> str | None:
 class LibraryChoice:
     """What ``library="auto"`` builds and why; ``reason`` is empty for the plain default."""
 
-    library: str  # "bm25s", "tantivy" or "lucene" (the library of the lucene retriever kind; open_retriever builds it)
+    library: str  # "bm25s", "tantivy", "pisa" or "lucene" (pisa and lucene are retrievers of their own: open_retriever builds them)
     reason: str = ""
 
 
@@ -140,18 +157,35 @@ def library_choice(
     *,
     analyzer: str | None = None,
     lucene: bool | None = None,
+    pisa: bool | None = None,
 ) -> LibraryChoice:
     """The library ``library="auto"`` builds for ``n_passages`` (the rule: module docstring).
 
     ``memory_bytes``: memory free for the build, the passages already loaded (None: what
-    ``available_memory_bytes`` reads now; no memory check if it cannot be read). ``lucene``: whether
-    Lucene may be chosen (None: if ``lucene_unavailable`` finds it installed, asked only when the
-    first pick does not fit; ``BM25Retriever.build`` passes False, as it builds only the Java-free
-    libraries). ``analyzer`` None: each library's own default (bm25s: ``DEFAULT_ANALYZER``); an explicit
-    one other than ``snowball`` rules tantivy out. Raises ``MemoryError`` when nothing fits.
+    ``available_memory_bytes`` reads now; no memory check if it cannot be read). ``lucene`` / ``pisa``:
+    whether Lucene / PISA may be chosen (None: if ``lucene_unavailable`` / ``pisa_unavailable`` find it
+    installed, asked only when it would be picked; ``BM25Retriever.build`` passes False for both, as it
+    builds only bm25s and tantivy). ``analyzer`` None: each library's own default (bm25s:
+    ``DEFAULT_ANALYZER``); an explicit one other than ``snowball`` rules tantivy out, one other than
+    ``lucene`` rules PISA out. Raises ``MemoryError`` when nothing fits.
     """
     spec = analysis(analyzer or DEFAULT_ANALYZER)  # what bm25s would build
     tantivy_can = analyzer is None or spec.name == "snowball"  # tantivy's analysis is fixed, snowball-like
+    pisa_can = spec.name == "lucene" and pisa is not False  # PISA ranks as Lucene only
+    if memory_bytes is None:
+        memory_bytes = available_memory_bytes()
+    budget = None if memory_bytes is None else BUILD_MEMORY_SHARE * memory_bytes
+    have = "" if memory_bytes is None else f"{_gb(budget)} usable ({BUILD_MEMORY_SHARE:.0%} of {_gb(memory_bytes)} available)"
+
+    def pisa_fits() -> bool:
+        return budget is None or build_memory_bytes("pisa", n_passages) <= budget
+
+    why_not_pisa = None
+    if pisa_can and n_passages >= PISA_MIN_PASSAGES and pisa_fits():
+        why_not_pisa = None if pisa else pisa_unavailable()
+        if why_not_pisa is None:
+            return LibraryChoice("pisa", f"{n_passages:,} >= {PISA_MIN_PASSAGES:,} passages: PISA is the fastest BM25 "
+                                         "here and ranks as Lucene")
     if not tantivy_can:
         fast = "bm25s"
     elif resolve_kernel(kernel, n_passages) == "numba" or n_passages <= SCIPY_MAX_PASSAGES:
@@ -159,19 +193,20 @@ def library_choice(
     else:
         fast = "tantivy"
     speed = "" if fast == "bm25s" else f"no numba kernel, {n_passages:,} > {SCIPY_MAX_PASSAGES:,} passages: tantivy is faster"
-    if memory_bytes is None:
-        memory_bytes = available_memory_bytes()
-    if memory_bytes is None:
+    if budget is None:
         return LibraryChoice(fast, speed)
-    budget = BUILD_MEMORY_SHARE * memory_bytes
     estimate = {library: build_memory_bytes(library, n_passages, spec.name) for library in LIBRARIES}
     if estimate[fast] <= budget:
         return LibraryChoice(fast, speed)
     need = f"{fast}'s build needs ~{_gb(estimate[fast])} for {n_passages:,} passages"
-    have = f"{_gb(budget)} usable ({BUILD_MEMORY_SHARE:.0%} of {_gb(memory_bytes)} available)"
+    if pisa_can and pisa_fits() and why_not_pisa is None:
+        why_not_pisa = None if pisa else pisa_unavailable()
+        if why_not_pisa is None:
+            return LibraryChoice("pisa", f"{need}, {have}: PISA streams its build through disk "
+                                         f"(~{_gb(build_memory_bytes('pisa', n_passages))})")
     if lucene is False:
         why_not_lucene = "not tried: BM25Retriever.build makes only bm25s or tantivy; open_retriever(\"bm25\") " \
-            "switches to Lucene when it is installed"
+            "switches to PISA or Lucene when installed"
     else:
         why_not_lucene = None if lucene else lucene_unavailable()
     if why_not_lucene is None:
@@ -180,8 +215,10 @@ def library_choice(
     if tantivy_can and estimate["tantivy"] <= budget:
         return LibraryChoice("tantivy", f"{need}, {have}: tantivy's needs ~{_gb(estimate['tantivy'])}")
     also = f" (tantivy's ~{_gb(estimate['tantivy'])})" if tantivy_can else ""
+    pisa_option = (f'library="pisa" (pip install --no-deps pyterrier-pisa==0.4.9 "tbb<=2020.3.254"; streams its build; '
+                   f"here: {why_not_pisa or ('not for this analyzer' if not pisa_can else 'not tried')}); ")
     raise MemoryError(
-        f"BM25 over {n_passages:,} passages will not fit in memory: {need}{also}, {have}. Options: "
+        f"BM25 over {n_passages:,} passages will not fit in memory: {need}{also}, {have}. Options: {pisa_option}"
         f"retriever=\"lucene\" (pyserini + Java; builds with ~1 GB, serves from disk; here: {why_not_lucene}); "
         "a retrieval server on a machine with more memory (`capo serve-retriever`, then "
         "retriever=\"http://host:port/retrieve\"); more memory; or an explicit library=\"bm25s\"/\"tantivy\" to build anyway."
@@ -195,10 +232,11 @@ def choose_library(
     *,
     analyzer: str | None = None,
     lucene: bool | None = None,
+    pisa: bool | None = None,
 ) -> str:
     """The name of the library ``library="auto"`` builds (``library_choice(...).library``), logging one
     line with the reason when it is not bm25s."""
-    choice = library_choice(n_passages, kernel, memory_bytes, analyzer=analyzer, lucene=lucene)
+    choice = library_choice(n_passages, kernel, memory_bytes, analyzer=analyzer, lucene=lucene, pisa=pisa)
     if choice.library != DEFAULT_LIBRARY:
         logger.warning("BM25 library %s for %d passages: %s", choice.library, n_passages, choice.reason)
     return choice.library

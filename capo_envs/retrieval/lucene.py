@@ -23,7 +23,6 @@ Layout of an index directory::
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import shutil
 import subprocess
@@ -33,9 +32,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-import numpy as np
-
 from .base import Hit, Passage, Retriever, check_search_args
+from .passage_store import PassageStore, PassageWriter
 
 INSTALL_HINT = "pip install --no-deps pyserini==0.22.1 pyjnius"
 ID_WIDTH = 12  # zero-padded corpus positions, so that string order is corpus order
@@ -111,11 +109,7 @@ class LuceneRetriever(Retriever):
         if meta.get("retriever") != "lucene":
             raise ValueError(f"{self.index_dir} is not a lucene index (meta.json says {meta.get('retriever')!r})")
         self.num_passages = int(meta["num_passages"])
-        self._offsets = np.load(self.index_dir / "offsets.npy")
-        self._passages_file = open(self.index_dir / "passages.jsonl", "rb")
-        self._passages = (
-            mmap.mmap(self._passages_file.fileno(), 0, access=mmap.ACCESS_READ) if self.num_passages else b""
-        )
+        self._store = PassageStore(self.index_dir)
         # Anserini makes one clause per distinct query term; Lucene's default cap of 1024 would make
         # a long query raise, and a query costs no more than its length anyway.
         _autoclass("org.apache.lucene.search.IndexSearcher").setMaxClauseCount(2**31 - 1)
@@ -190,18 +184,14 @@ class LuceneRetriever(Retriever):
         return hits
 
     def passage(self, position: int) -> Passage:
-        start, end = int(self._offsets[position]), int(self._offsets[position + 1])
-        record = json.loads(self._passages[start:end])
-        return Passage(record["id"], record["title"], record["text"])
+        return self._store.passage(position)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         self._searcher.close()
-        if isinstance(self._passages, mmap.mmap):
-            self._passages.close()
-        self._passages_file.close()
+        self._store.close()
         if self._owned_tmpdir is not None:
             shutil.rmtree(self._owned_tmpdir, ignore_errors=True)
 
@@ -210,20 +200,17 @@ def _write_collection(passages: Iterable[Passage], index_dir: Path, collection: 
     """Write the side files and Anserini's JsonCollection; one input file per indexing thread,
     because Anserini parallelises over files."""
     collection.mkdir()
-    offsets = [0]
     files = [open(collection / f"part-{i:03d}.jsonl", "w", encoding="utf-8") for i in range(n_files)]
     try:
-        with open(index_dir / "passages.jsonl", "wb") as side:
-            for position, p in enumerate(passages):
-                line = json.dumps({"id": p.id, "title": p.title, "text": p.text}, ensure_ascii=False) + "\n"
-                offsets.append(offsets[-1] + side.write(line.encode("utf-8")))
+        with PassageWriter(index_dir) as side:
+            for p in passages:
+                position = side.add(p)
                 doc = {"id": f"{position:0{ID_WIDTH}d}", "contents": f"{p.title}\n{p.text}"}
                 files[position % n_files].write(json.dumps(doc, ensure_ascii=False) + "\n")
     finally:
         for f in files:
             f.close()
-    np.save(index_dir / "offsets.npy", np.asarray(offsets, dtype=np.int64))
-    return len(offsets) - 1
+    return side.count
 
 
 def _run_indexer(collection: Path, lucene_dir: Path, threads: int, show_progress: bool) -> None:

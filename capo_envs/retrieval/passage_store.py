@@ -1,0 +1,69 @@
+"""Passages kept on disk beside an index that only stores positions (Lucene, PISA): ``passages.jsonl``
+in corpus order and ``offsets.npy`` (N + 1 byte offsets into it), read through a memory map, so a
+21M-passage corpus costs no Python memory while serving."""
+
+from __future__ import annotations
+
+import json
+import mmap
+from pathlib import Path
+
+import numpy as np
+
+from .base import Passage
+
+PASSAGES_FILE, OFFSETS_FILE = "passages.jsonl", "offsets.npy"
+
+
+class PassageWriter:
+    """Write passages one at a time: ``add`` returns the passage's corpus position; ``close`` writes
+    the offsets (use it as a context manager)."""
+
+    def __init__(self, folder: str | Path):
+        self._folder = Path(folder)
+        self._file = open(self._folder / PASSAGES_FILE, "wb")
+        self._offsets = [0]
+
+    def add(self, p: Passage) -> int:
+        line = json.dumps({"id": p.id, "title": p.title, "text": p.text}, ensure_ascii=False) + "\n"
+        self._offsets.append(self._offsets[-1] + self._file.write(line.encode("utf-8")))
+        return len(self._offsets) - 2
+
+    @property
+    def count(self) -> int:
+        return len(self._offsets) - 1
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+            np.save(self._folder / OFFSETS_FILE, np.asarray(self._offsets, dtype=np.int64))
+
+    def __enter__(self) -> "PassageWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class PassageStore:
+    """The passages a ``PassageWriter`` wrote into ``folder``, by corpus position."""
+
+    def __init__(self, folder: str | Path):
+        folder = Path(folder)
+        self._offsets = np.load(folder / OFFSETS_FILE)
+        self._file = open(folder / PASSAGES_FILE, "rb")
+        empty = int(self._offsets[-1]) == 0  # mmap cannot map an empty file
+        self._data = b"" if empty else mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def passage(self, position: int) -> Passage:
+        start, end = int(self._offsets[position]), int(self._offsets[position + 1])
+        record = json.loads(self._data[start:end])
+        return Passage(record["id"], record["title"], record["text"])
+
+    def close(self) -> None:
+        if isinstance(self._data, mmap.mmap) and not self._data.closed:
+            self._data.close()
+        self._file.close()
