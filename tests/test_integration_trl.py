@@ -166,3 +166,28 @@ def test_grpo_trainer_trains_on_the_env_and_gets_its_reward(env_id, kwargs, call
     assert max(paid) > 0, paid
     assert any(entry.get("tools/call_frequency", 0) > 0 for entry in logged), logged
     print(json.dumps({"env": env_id, "rewards": paid, "seconds": round(time.time() - started, 1)}))
+
+
+@pytest.mark.slow
+def test_the_docs_example_runs_as_written(tmp_path, monkeypatch):
+    """docs/trl.md's example, run as written but for the model (a saved tiny one instead of a download) and
+    one step instead of 100: it trains (on CPU here) and TRL logs the env's reward under the name the page
+    gives."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "trl.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", page, re.S)[0]
+    assert '"Qwen/Qwen3-0.6B"' in code and "max_steps=100" in code, code
+    model, tokenizer = tiny_model_and_tokenizer()
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    code = code.replace('"Qwen/Qwen3-0.6B"', repr(str(tmp_path / "model"))).replace("max_steps=100", "max_steps=1")
+    monkeypatch.chdir(tmp_path)  # TRL's default output_dir is relative
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    torch.set_num_threads(1)
+    namespace: dict = {}
+    exec(compile(code, "docs/trl.md", "exec"), namespace)  # noqa: S102 - the page's own code
+    trainer = namespace["trainer"]
+    assert trainer.state.global_step == 1
+    assert any("rewards/SynthHopv0/mean" in entry for entry in trainer.state.log_history), trainer.state.log_history
