@@ -1,4 +1,4 @@
-"""``capo serve env``: any env in OpenEnv's protocol, played by ``openenv-core``'s own client unchanged, sessions
+"""``capo serve env``: any env in OpenEnv's protocol, played by OpenEnv's own client (PyPI ``openenv``) unchanged, sessions
 isolated, bounded (busy, idle timeout), bad input answered without taking the server down, and a load test of
 256 concurrent sessions."""
 

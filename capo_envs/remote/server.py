@@ -1,5 +1,5 @@
 """``capo serve env ID``: any Gymnasium text env (a capo id, or ``module:Id``) served on 127.0.0.1 in OpenEnv's
-protocol, so that ``openenv-core``'s own clients (``GenericEnvClient``) play it unchanged.
+protocol, so that OpenEnv's own clients (``GenericEnvClient``) play it unchanged.
 
 OpenEnv's clients hold one WebSocket per session at ``/ws`` and send JSON text messages
 ``{"type": "reset", "data": {...}}``, ``{"type": "step", "data": action}``, ``{"type": "state"}`` and
@@ -316,7 +316,7 @@ def _version() -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="capo serve env", description="Serve a Gymnasium text env on 127.0.0.1 "
-                                     "in OpenEnv's protocol (WebSocket /ws; openenv-core's GenericEnvClient works).")
+                                     "in OpenEnv's protocol (WebSocket /ws; OpenEnv's GenericEnvClient works).")
     parser.add_argument("env_id", metavar="ID", help="a capo id (capo/SynthHop-v0) or Gymnasium's module:Id")
     parser.add_argument("--kwargs", default="{}", help='the env\'s kwargs as a JSON object, e.g. \'{"size": "tiny"}\'')
     parser.add_argument("--host", default="127.0.0.1", help="use 0.0.0.0 to accept other machines")
