@@ -11,6 +11,9 @@ $PIP install --upgrade pip
 # torch first, pinned: a bare `torch` requirement resolved first would pull a multi-GB CUDA build.
 .venv/bin/python -c "import torch" 2>/dev/null || $PIP install "torch==2.13.0"
 if [ "${1:-}" = "--test" ]; then
+  # OpenEnv's client moved from `openenv-core` to `openenv` (the same `openenv` module): the old one goes first,
+  # or removing it later would delete the new one's files.
+  $PIP uninstall -y openenv-core 2>/dev/null || true
   $PIP install -e ".[test,webshop,papers,bm25-fast]"
   # ALFWorld's engine (optional extra, tested) builds jericho and Fast Downward with gcc/g++/cmake, and that
   # build runs `python` from PATH: the venv's must come first.
