@@ -67,6 +67,24 @@ def test_an_episode_through_the_tools_and_bad_calls():
     assert rows["task_id"] == ["synthchain-0-train-0", "synthchain-0-train-1", "synthchain-0-train-2"]
 
 
+
+def test_success_reward_reads_the_episode_metrics():
+    """reward="success": 0 until the episode ends, then metrics' em, whatever the shaped return was."""
+    hop_class = environment_factory("capo/SynthHop-v0", reward="success", **HOP_KWARGS)
+    row = task_dataset(hop_class, 1, start=5)[0]  # the fixed query shows a supporting passage here
+    wrong = hop_class()
+    wrong.reset(**row)
+    wrong.search("capital city country founded year")
+    assert wrong.episode_return == 0.5 and not wrong.done and wrong.get_reward() == 0.0
+    wrong.answer("no such place")
+    assert wrong.done and wrong.metrics["em"] == 0.0 and wrong.get_reward() == 0.0 < wrong.episode_return
+    expert = hop_class()  # the env's expert, through the tools: the episode ends answered right
+    expert.reset(**row)
+    while not expert.done:
+        action = expert.env.unwrapped.protocol.parse(expert.env.unwrapped.expert_action()).action
+        getattr(expert, action.name)(*action.args.values())
+    assert expert.metrics["em"] == 1.0 and expert.get_reward() == expert.success == 1.0
+
 def tool_call(name: str, arg: str, value: str) -> str:
     return '<tool_call>\n{"name": "%s", "arguments": {"%s": "%s"}}\n</tool_call><|im_end|>' % (name, arg, value)
 
