@@ -22,10 +22,14 @@ Libraries (each skipped with a note when it does not import here):
   bm25s-lib-numpy  bm25s's own ``retrieve`` with its numpy backend (dense scores per query)
   tantivy          tantivy (Rust, block-max WAND) through this package's ``library="tantivy"``
   lucene           Lucene 9 via pyserini 0.22.1 / Anserini (JDK 17): ``LuceneRetriever``
-  pisa             PISA (C++, block-max MaxScore) through pyterrier-pisa's extension, with Lucene's BM25
-                   scores stored as 16-bit impacts: ``PisaRetriever`` (``library="pisa"``)
+  pisa             PISA (C++, MaxScore, the library's default) through pyterrier-pisa's extension, with
+                   Lucene's BM25 scores stored as 16-bit impacts: ``PisaRetriever`` (``library="pisa"``)
+  pisa-bmm         the same index queried with block-max MaxScore
   pisa-bmw         the same index queried with block-max WAND
   pisa-8bit        the same with 8-bit impacts (PISA's usual quantisation)
+  pisa-native      PISA as pyterrier-pisa indexes and scores by default: its own tokeniser, Porter2 stems,
+                   Lucene's stopwords at query time, PISA's BM25 (k1 0.9, b 0.4): why ``pisa`` stores
+                   Lucene's scores instead (its top-10 overlap with Lucene)
 
 Thread counts are set explicitly: ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``
 and ``NUMBA_NUM_THREADS`` are exported to the children (the last as the largest ``--threads``), and
@@ -288,11 +292,11 @@ def read_queries(folder: Path) -> tuple[list[str], list[str]]:
 # ---------------------------------------------------------------------------------------------------
 
 LIBRARY_NAMES = ("bm25s-numba", "bm25s-lucene", "bm25s-scipy", "bm25s-lib-numba", "bm25s-lib-numpy", "tantivy", "lucene",
-                 "pisa", "pisa-bmw", "pisa-8bit")
+                 "pisa", "pisa-bmm", "pisa-bmw", "pisa-8bit", "pisa-native")
 INDEX_OF = {"bm25s-numba": "bm25s", "bm25s-scipy": "bm25s", "bm25s-lib-numba": "bm25s", "bm25s-lib-numpy": "bm25s",
             "bm25s-lucene": "bm25s-lucene", "tantivy": "tantivy", "lucene": "lucene", "pisa": "pisa",
-            "pisa-bmw": "pisa", "pisa-8bit": "pisa-8bit"}
-STREAMED = ("pisa", "pisa-8bit")  # index kinds built from the corpus file as a stream, never held in memory
+            "pisa-bmm": "pisa", "pisa-bmw": "pisa", "pisa-8bit": "pisa-8bit", "pisa-native": "pisa-native"}
+STREAMED = ("pisa", "pisa-8bit", "pisa-native")  # index kinds built from the corpus file as a stream, never held in memory
 K = 10  # every library returns its top 10: recall@5 reads the first 5, the Lucene overlap all 10
 
 
@@ -325,6 +329,8 @@ def library_unavailable(name: str) -> str | None:
 
 
 def _build(kind: str, passages, threads: int):
+    if kind == "pisa-native":
+        return _PisaNative.build(passages, threads)
     if kind.startswith("pisa"):
         from capo_envs.retrieval.pisa import PisaRetriever
 
@@ -340,6 +346,63 @@ def _build(kind: str, passages, threads: int):
     # bm25s-numba/-scipy measure the snowball analysis (the default until 2026-12); bm25s-lucene the default now
     return BM25Retriever.build(passages, library=kind, kernel="scipy", threads=threads,
                                analyzer="snowball" if kind == "bm25s" else None)
+
+
+class _PisaNative:
+    """PISA's own pipeline (pyterrier-pisa's defaults but k1/b and stopwords): its tokeniser and Porter2
+    stemmer index the text, its BM25 scorer ranks; positions are the document names."""
+
+    def __init__(self, folder: Path, threads: int = 1, owned: bool = False):
+        from capo_envs.retrieval.bm25_libraries import LUCENE_STOPWORDS
+        from capo_envs.retrieval.pisa import ENCODING, pisathon
+
+        self._lib, self._folder, self._owned, self.threads = pisathon(), Path(folder), owned, threads
+        (self._folder / "stopwords.txt").write_text("".join(w + "\n" for w in sorted(LUCENE_STOPWORDS)))
+        self._context = self._lib.RetrievalContext()
+        self._lib.prepare_index(self._context, str(self._folder), ENCODING, "bm25", "porter2", bm25_k1=0.9, bm25_b=0.4,
+                                stop_fname=str(self._folder / "stopwords.txt"))
+
+    @classmethod
+    def build(cls, passages, threads: int) -> "_PisaNative":
+        import tempfile
+
+        from capo_envs.retrieval.pisa import pisathon
+
+        folder = Path(tempfile.mkdtemp(prefix="pisa-native-"))
+        with open(folder / "collection.txt", "w", encoding="utf-8") as f:
+            for pos, p in enumerate(passages):
+                f.write(f"{pos} " + f"{p.title} {p.text}".replace("\n", " ").replace("\r", " ") + "\n")
+        pisathon().index(str(folder / "collection.txt"), str(folder), "porter2", 100_000, max(1, threads))
+        (folder / "collection.txt").unlink()
+        return cls(folder, threads, owned=True)
+
+    @classmethod
+    def load(cls, folder: Path, threads: int = 1) -> "_PisaNative":
+        return cls(folder, threads)
+
+    def save(self, index_dir: Path) -> None:
+        import shutil
+
+        shutil.copytree(self._folder, index_dir, ignore=shutil.ignore_patterns("inv.*", "fwd", "fwd.terms", "fwd.documents"))
+
+    def search(self, queries: list[str], k: int) -> np.ndarray:
+        n = len(queries)
+        qidx, docnos = np.empty(n * k, dtype=np.int32), np.empty(n * k, dtype=object)
+        ranks, scores = np.empty(n * k, dtype=np.int32), np.empty(n * k, dtype=np.float32)
+        size = self._lib.retrieve(self._context, "block_max_wand", list(enumerate(queries)), k=k, threads=self.threads,
+                                  pretokenised=0, query_weighted=0, result_qidxs=qidx, result_docnos=docnos,
+                                  result_ranks=ranks, result_scores=scores)
+        out = np.full((n, k), -1, dtype=np.int64)
+        for i in range(size):
+            out[qidx[i], ranks[i]] = int(docnos[i])
+        return out
+
+    def close(self) -> None:
+        import shutil
+
+        self._context = None
+        if self._owned:
+            shutil.rmtree(self._folder, ignore_errors=True)
 
 
 class _Bm25sLibrary:
@@ -379,14 +442,16 @@ class _Served:
         self.name = name
         if name.startswith("bm25s-lib-"):
             self._impl = _Bm25sLibrary(index_dir, name.removeprefix("bm25s-lib-"))
+        elif name == "pisa-native":
+            self._impl = _PisaNative.load(index_dir, threads=threads)
         elif name == "lucene":
             from capo_envs.retrieval.lucene import LuceneRetriever
 
             self._impl = LuceneRetriever.load(index_dir, threads=threads)
         elif name.startswith("pisa"):
-            from capo_envs.retrieval.pisa import PisaRetriever
+            from capo_envs.retrieval.pisa import DEFAULT_ALGORITHM, PisaRetriever
 
-            algorithm = "block_max_wand" if name == "pisa-bmw" else "block_max_maxscore"
+            algorithm = {"pisa-bmw": "block_max_wand", "pisa-bmm": "block_max_maxscore"}.get(name, DEFAULT_ALGORITHM)
             self._impl = PisaRetriever.load(index_dir, threads=threads, algorithm=algorithm)
         else:
             from capo_envs.retrieval.bm25 import BM25Retriever
@@ -404,7 +469,7 @@ class _Served:
         self._impl.threads = value
 
     def search(self, queries: list[str], k: int = K) -> np.ndarray:
-        if isinstance(self._impl, _Bm25sLibrary):
+        if isinstance(self._impl, (_Bm25sLibrary, _PisaNative)):
             return self._impl.search(queries, k)
         out = np.full((len(queries), k), -1, dtype=np.int64)
         for row, hits in enumerate(self._impl.search(queries, k)):

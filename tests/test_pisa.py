@@ -21,17 +21,9 @@ from capo_envs.retrieval.pisa import PisaRetriever  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_retrieval_scale as scale  # noqa: E402
+from corpora import capitals_corpus, lucene_or_skip  # noqa: E402
 
-CORPUS = [
-    Passage("paris", "Paris", "Paris is the capital and most populous city of France."),
-    Passage("berlin", "Berlin", "Berlin is the capital and largest city of Germany."),
-    Passage("danube", "Danube", "The Danube is the second-longest river in Europe, flowing through Vienna."),
-    Passage("twin-a", "Twin", "An identical passage about lighthouses."),
-    Passage("twin-b", "Twin", "An identical passage about lighthouses."),
-    Passage("twin-c", "Twin", "An identical passage about lighthouses."),
-    Passage("einstein", "Albert Einstein", "Einstein developed the theory of relativity."),
-    Passage("tokyo", "東京", "東京は日本の首都です。 Tokyo is the capital of Japan."),
-]
+CORPUS = capitals_corpus()
 
 
 def ids(hits) -> list[str]:
@@ -193,16 +185,8 @@ def test_open_retriever_builds_saves_and_reloads_pisa(tmp_path):
 @pytest.mark.slow
 def test_ranks_as_lucene(generated):
     """The issue's bar on a small generated corpus: top-10 overlap >= 0.95 with Lucene (pyserini)."""
-    pytest.importorskip("pyserini")
-    pytest.importorskip("jnius_config")
-    from capo_envs.retrieval.lucene import LuceneRetriever, java_home
-
-    try:
-        java_home()
-    except RuntimeError as e:
-        pytest.skip(str(e))
     passages, queries, golds = generated
-    with LuceneRetriever.build(passages) as lucene:
+    with lucene_or_skip().build(passages) as lucene:
         rl = lucene.search(queries, 10)
     with PisaRetriever.build(passages) as pisa:
         rp = pisa.search(queries, 10)

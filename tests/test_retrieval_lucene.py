@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from capo_envs.retrieval.base import Hit, Passage
+from capo_envs.retrieval.base import Hit
+from corpora import capitals_corpus
 
 pytestmark = pytest.mark.java
 
@@ -22,16 +23,7 @@ try:
 except RuntimeError as e:
     pytest.skip(str(e), allow_module_level=True)
 
-CORPUS = [
-    Passage("paris", "Paris", "Paris is the capital and most populous city of France."),
-    Passage("berlin", "Berlin", "Berlin is the capital and largest city of Germany."),
-    Passage("danube", "Danube", "The Danube is the second-longest river in Europe, flowing through Vienna."),
-    Passage("twin-a", "Twin", "An identical passage about lighthouses."),
-    Passage("twin-b", "Twin", "An identical passage about lighthouses."),
-    Passage("twin-c", "Twin", "An identical passage about lighthouses."),
-    Passage("einstein", "Albert Einstein", "Einstein developed the theory of relativity."),
-    Passage("tokyo", "東京", "東京は日本の首都です。 Tokyo is the capital of Japan."),
-]
+CORPUS = capitals_corpus()
 
 
 @pytest.fixture(scope="module")

@@ -176,16 +176,10 @@ def test_lucene_analysis_has_lucenes_ranking(generated):
     """The issue's bar: top-10 overlap >= 0.9 with Lucene (pyserini's defaults) and recall@5 within
     0.005. ``analyzer="lucene"`` (the default) reached 0.993-0.994 at 10k-1M in bench_retrieval_scale.py;
     the ``snowball`` analysis 0.85-0.88 (different stemmer, stopwords, k1/b and length norms)."""
-    pytest.importorskip("pyserini")
-    pytest.importorskip("jnius_config")
-    from capo_envs.retrieval.lucene import LuceneRetriever, java_home
+    from corpora import lucene_or_skip
 
-    try:
-        java_home()
-    except RuntimeError as e:
-        pytest.skip(str(e))
     passages, queries, golds = generated
-    with LuceneRetriever.build(passages) as lucene:
+    with lucene_or_skip().build(passages) as lucene:
         rl = lucene.search(queries, 10)
     lucene_like = BM25Retriever.build(passages).search(queries, 10)
     assert overlap_at_10(lucene_like, rl) >= 0.95

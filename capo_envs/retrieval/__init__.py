@@ -108,13 +108,12 @@ def open_retriever(
     with ``kernel``/``threads``.
 
     ``bm25`` with ``library="auto"`` (``capo_envs.retrieval.bm25_choice``) picks a BM25 library for
-    speed first: PISA (``pisa.PisaRetriever``, Lucene's ranking) from ``bm25_choice.PISA_MIN_PASSAGES``
-    passages on when pyterrier-pisa is installed; else bm25s at every size when numba is installed (scored
-    by numba from 20k passages on, by scipy below, bit-identically); without numba, bm25s up to 50k
-    passages and tantivy above. Then for memory: when that build's estimated peak
-    (``bm25_choice.BUILD_MEMORY``, on top of the loaded passages) exceeds 80% of the memory available
-    (``memory_bytes=`` overrides what the machine reports), it builds PISA (which streams its build) or
-    else the ``lucene`` kind instead when installed (saved in ``index_dir`` and loaded back as such), else
+    speed first: bm25s at every size when numba is installed (scored by numba from 20k passages on, by
+    scipy below, bit-identically); without numba, bm25s up to 50k passages and tantivy above. Then for
+    memory: when that build's estimated peak (``bm25_choice.BUILD_MEMORY``, on top of the loaded passages)
+    exceeds 80% of the memory available (``memory_bytes=`` overrides what the machine reports), it builds
+    PISA (``pisa.PisaRetriever``: streams its build, Lucene's ranking) or else the ``lucene`` kind instead
+    when installed (saved in ``index_dir`` and loaded back as such), else
     tantivy if that fits, else raises ``MemoryError`` naming the options. ``library="pisa"`` builds PISA
     as asked; so does kind ``pisa`` (kwargs ``threads``, ``impact_bits``, ``algorithm``). A switch is logged in one line; an explicit ``library="bm25s"``/``"tantivy"``
     is always built as asked. bm25s ranks as the ``lucene`` kind (pyserini) does, without Java

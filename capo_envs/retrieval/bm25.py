@@ -12,8 +12,7 @@ retriever of its own, ``pisa.PisaRetriever``: it keeps its passages on disk and 
 serves corpora of any size; ``open_retriever("bm25", library="pisa")`` builds it.
 
 The libraries, their analysis and kernels are in ``bm25_libraries.py``. ``library="auto"`` (the default)
-picks one (``bm25_choice.py``): by speed, PISA from ``PISA_MIN_PASSAGES`` on when it is installed (only
-through ``open_retriever``), else bm25s at every size when numba is installed, else bm25s up to
+picks one (``bm25_choice.py``): by speed, bm25s at every size when numba is installed, else bm25s up to
 ``SCIPY_MAX_PASSAGES`` and tantivy above; then, when the estimated build does not fit in 80% of the
 memory available, tantivy if it fits, else a ``MemoryError`` naming the options (``open_retriever("bm25")``
 builds PISA, else the ``lucene`` kind, instead when installed). An explicit

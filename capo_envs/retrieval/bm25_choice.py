@@ -1,16 +1,16 @@
 """What ``library="auto"`` builds: a BM25 library picked by speed first, then by whether its build fits
 in memory.
 
-1. Speed. PISA (``library="pisa"``, ``pisa.py``) from ``PISA_MIN_PASSAGES`` on when pyterrier-pisa's
-   extension is installed and the analysis is Lucene's (the default; PISA ranks only as Lucene does).
-   Otherwise, with numba: bm25s at every size, scored by numba from ``NUMBA_MIN_PASSAGES`` on and by scipy
+1. Speed. With numba: bm25s at every size, scored by numba from ``NUMBA_MIN_PASSAGES`` on and by scipy
    below (bit-identical; small corpora skip numba's load time). Without numba: bm25s up to
-   ``SCIPY_MAX_PASSAGES``, tantivy above (it is faster than bm25s's scipy kernel on large corpora).
+   ``SCIPY_MAX_PASSAGES``, tantivy above (it is faster than bm25s's scipy kernel on large corpora). PISA is
+   no speed pick: up to 1M passages, where both were measured, bm25s's numba kernel answers as fast or faster.
 2. Memory. The peak that the build adds to a process already holding the passages is estimated as a
    line in the number of passages (``BUILD_MEMORY``, per library and analyzer) and must fit in
    ``BUILD_MEMORY_SHARE`` of the memory available now (``available_memory_bytes``: MemAvailable, capped
-   by the cgroup limit). When the pick of step 1 does not fit: PISA if it is installed and fits (its
-   build streams the passages through disk), else Lucene (``open_retriever`` builds the ``lucene`` kind)
+   by the cgroup limit). When the pick of step 1 does not fit: PISA (``library="pisa"``, ``pisa.py``:
+   Lucene's ranking, several times Lucene's speed) if pyterrier-pisa's extension is installed, the analysis
+   is Lucene's (the default) and its build fits (it streams the passages through disk), else Lucene (``open_retriever`` builds the ``lucene`` kind)
    when pyserini, pyjnius and Java are installed, else tantivy if it fits (not for an explicit
    ``analyzer="lucene"``, which tantivy cannot do), else a ``MemoryError`` that names the options.
 
@@ -34,9 +34,6 @@ LIBRARIES = ("bm25s", "tantivy")
 DEFAULT_LIBRARY = "bm25s"  # what "auto" builds for small corpora (and at every size with numba)
 # Above this many passages, without numba, "auto" builds tantivy (see library_choice).
 SCIPY_MAX_PASSAGES = 50_000
-# From this many passages on, "auto" builds PISA when it is installed: faster than bm25s's numba kernel there
-# (docs/results/performance.md, section 4a).
-PISA_MIN_PASSAGES = 100_000
 # What building an index adds to a process that already holds the passages, as (fixed bytes, bytes per
 # passage), per (library, analyzer): least-squares lines through build_peak_rss_mb - build_rss_passages_mb
 # of the quiet 10k/100k/1M cells in docs/results/retrieval_scale.jsonl (tests/test_bm25_library_choice.py
@@ -45,7 +42,11 @@ BUILD_MEMORY = {
     ("bm25s", "snowball"): (148_000_000, 4_627),
     ("bm25s", "lucene"): (148_000_000, 5_101),  # more: the pass that rounds lengths as Lucene does
     ("tantivy", "snowball"): (123_000_000, 1_184),  # its 512 MB writer heap included
-    ("pisa", "lucene"): (400_000_000, 400),  # placeholder until measured
+    # PISA's build is no line through its cells: tokenisation works in batches of 200k passages, so its
+    # peak stops growing with them (81 / 640 / 1,289 MB at 10k / 100k / 1M). An upper line instead: the 1M
+    # peak as the fixed part, plus the compressed index that PISA's compressor holds (216 B per passage at
+    # 1M) and the passage lengths, per passage. tests/test_bm25_library_choice.py checks it against the cells.
+    ("pisa", "lucene"): (1_100_000_000, 250),
 }
 # "auto" plans a build to use at most this share of the available memory: the estimate is from one
 # corpus, and the rest of the process (env workers, the trainer) keeps allocating.
@@ -177,15 +178,6 @@ def library_choice(
     budget = None if memory_bytes is None else BUILD_MEMORY_SHARE * memory_bytes
     have = "" if memory_bytes is None else f"{_gb(budget)} usable ({BUILD_MEMORY_SHARE:.0%} of {_gb(memory_bytes)} available)"
 
-    def pisa_fits() -> bool:
-        return budget is None or build_memory_bytes("pisa", n_passages) <= budget
-
-    why_not_pisa = None
-    if pisa_can and n_passages >= PISA_MIN_PASSAGES and pisa_fits():
-        why_not_pisa = None if pisa else pisa_unavailable()
-        if why_not_pisa is None:
-            return LibraryChoice("pisa", f"{n_passages:,} >= {PISA_MIN_PASSAGES:,} passages: PISA is the fastest BM25 "
-                                         "here and ranks as Lucene")
     if not tantivy_can:
         fast = "bm25s"
     elif resolve_kernel(kernel, n_passages) == "numba" or n_passages <= SCIPY_MAX_PASSAGES:
@@ -199,11 +191,16 @@ def library_choice(
     if estimate[fast] <= budget:
         return LibraryChoice(fast, speed)
     need = f"{fast}'s build needs ~{_gb(estimate[fast])} for {n_passages:,} passages"
-    if pisa_can and pisa_fits() and why_not_pisa is None:
+    why_not_pisa = None
+    if pisa is False:
+        why_not_pisa = "not tried: BM25Retriever.build makes only bm25s or tantivy"
+    elif not pisa_can:
+        why_not_pisa = f"it ranks as Lucene only, not with analyzer {spec.name!r}"
+    if pisa_can and build_memory_bytes("pisa", n_passages) <= budget:
         why_not_pisa = None if pisa else pisa_unavailable()
         if why_not_pisa is None:
             return LibraryChoice("pisa", f"{need}, {have}: PISA streams its build through disk "
-                                         f"(~{_gb(build_memory_bytes('pisa', n_passages))})")
+                                         f"(~{_gb(build_memory_bytes('pisa', n_passages))}), serves from disk and ranks as Lucene")
     if lucene is False:
         why_not_lucene = "not tried: BM25Retriever.build makes only bm25s or tantivy; open_retriever(\"bm25\") " \
             "switches to PISA or Lucene when installed"
@@ -216,7 +213,7 @@ def library_choice(
         return LibraryChoice("tantivy", f"{need}, {have}: tantivy's needs ~{_gb(estimate['tantivy'])}")
     also = f" (tantivy's ~{_gb(estimate['tantivy'])})" if tantivy_can else ""
     pisa_option = (f'library="pisa" (pip install --no-deps pyterrier-pisa==0.4.9 "tbb<=2020.3.254"; streams its build; '
-                   f"here: {why_not_pisa or ('not for this analyzer' if not pisa_can else 'not tried')}); ")
+                   f"here: {why_not_pisa or 'its build does not fit either'}); ")
     raise MemoryError(
         f"BM25 over {n_passages:,} passages will not fit in memory: {need}{also}, {have}. Options: {pisa_option}"
         f"retriever=\"lucene\" (pyserini + Java; builds with ~1 GB, serves from disk; here: {why_not_lucene}); "

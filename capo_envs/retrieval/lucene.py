@@ -32,8 +32,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from .base import Hit, Passage, Retriever, check_search_args
-from .passage_store import PassageStore, PassageWriter
+from .base import Hit, Passage, check_search_args
+from .passage_store import PassageStore, PassageWriter, StoredPassagesRetriever
 
 INSTALL_HINT = "pip install --no-deps pyserini==0.22.1 pyjnius"
 ID_WIDTH = 12  # zero-padded corpus positions, so that string order is corpus order
@@ -99,7 +99,7 @@ def _detach_if_worker() -> None:
         jnius.detach()
 
 
-class LuceneRetriever(Retriever):
+class LuceneRetriever(StoredPassagesRetriever):
     def __init__(self, index_dir: str | Path, *, threads: int = 1, _owned_tmpdir: Path | None = None):
         """Open a saved index (see ``load``); ``threads`` is for ``batch_search`` over many queries."""
         self.index_dir = Path(index_dir)
@@ -177,23 +177,10 @@ class LuceneRetriever(Retriever):
         return [self._hits(found.get(str(i))) for i in range(len(queries))]
 
     def _hits(self, results: Any) -> list[Hit]:
-        hits = []
-        for result in results or []:
-            p = self.passage(int(result.docid))
-            hits.append(Hit(p.id, p.title, p.text, float(result.score)))
-        return hits
+        return [self.hit(int(result.docid), float(result.score)) for result in results or []]
 
-    def passage(self, position: int) -> Passage:
-        return self._store.passage(position)
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _release(self) -> None:
         self._searcher.close()
-        self._store.close()
-        if self._owned_tmpdir is not None:
-            shutil.rmtree(self._owned_tmpdir, ignore_errors=True)
 
 
 def _write_collection(passages: Iterable[Passage], index_dir: Path, collection: Path, n_files: int) -> int:

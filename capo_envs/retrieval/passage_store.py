@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import mmap
+import shutil
 from pathlib import Path
 
 import numpy as np
 
-from .base import Passage
+from .base import Hit, Passage, Retriever
 
 PASSAGES_FILE, OFFSETS_FILE = "passages.jsonl", "offsets.npy"
 
@@ -58,12 +59,43 @@ class PassageStore:
     def __len__(self) -> int:
         return len(self._offsets) - 1
 
+    def record(self, position: int) -> dict:
+        """The passage's JSON object: ``id``, ``title``, ``text``."""
+        return json.loads(self._data[int(self._offsets[position]) : int(self._offsets[position + 1])])
+
     def passage(self, position: int) -> Passage:
-        start, end = int(self._offsets[position]), int(self._offsets[position + 1])
-        record = json.loads(self._data[start:end])
+        record = self.record(position)
         return Passage(record["id"], record["title"], record["text"])
 
     def close(self) -> None:
         if isinstance(self._data, mmap.mmap) and not self._data.closed:
             self._data.close()
         self._file.close()
+
+
+class StoredPassagesRetriever(Retriever):
+    """Base of the retrievers whose index holds only corpus positions (Lucene, PISA): hits are read from
+    ``self._store``; a fresh build lives in ``self._owned_tmpdir`` until saved, removed on ``close``."""
+
+    _store: PassageStore
+    _owned_tmpdir: Path | None = None
+    _closed = False
+
+    def passage(self, position: int) -> Passage:
+        return self._store.passage(position)
+
+    def hit(self, position: int, score: float) -> Hit:
+        record = self._store.record(position)  # no Passage in between: a hit costs one JSON decode
+        return Hit(record["id"], record["title"], record["text"], score)
+
+    def _release(self) -> None:
+        """Free the engine's own handles (called once, by ``close``)."""
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._release()
+        self._store.close()
+        if self._owned_tmpdir is not None:
+            shutil.rmtree(self._owned_tmpdir, ignore_errors=True)

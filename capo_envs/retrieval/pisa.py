@@ -44,17 +44,19 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .base import Hit, Passage, Retriever, check_search_args
+from .base import Hit, Passage, check_search_args
 from .bm25_libraries import _WORD, analysis, lucene_length, stopwords_for
 from .index_files import atomic_directory
-from .passage_store import PassageStore, PassageWriter
+from .passage_store import PassageStore, PassageWriter, StoredPassagesRetriever
 
 INSTALL_HINT = 'pip install "capo-gym[bm25-pisa]" && pip install --no-deps pyterrier-pisa==0.4.9'
 FORMAT = "capo-pisa/1"
 ENCODING = "block_simdbp"  # SIMD binary packing, pyterrier-pisa's default
 BLOCK_SIZE = 64  # postings per block of block-max metadata
-ALGORITHMS = ("block_max_maxscore", "block_max_wand", "maxscore", "wand")
-DEFAULT_ALGORITHM = "block_max_maxscore"
+ALGORITHMS = ("maxscore", "block_max_maxscore", "block_max_wand", "wand")
+# MaxScore: 1.08 ms of CPU a query at 1M passages against 1.32 (block-max MaxScore), 2.05 (WAND) and 2.23
+# (block-max WAND) on the scale benchmark's NQ-like queries (docs/results/performance.md, section 4d)
+DEFAULT_ALGORITHM = "maxscore"
 DEFAULT_IMPACT_BITS = 16
 BATCH_SIZE = 200_000  # passages tokenised per on-disk batch: bounds the build's memory
 
@@ -256,7 +258,7 @@ def _prepare(folder: Path):
     return context
 
 
-class PisaRetriever(Retriever):
+class PisaRetriever(StoredPassagesRetriever):
     """BM25 served by PISA with Lucene's ranking; see the module docstring. ``threads``: threads one
     batch of queries is spread over; ``algorithm``: PISA's query processing (``ALGORITHMS``; all give
     the same top k)."""
@@ -359,23 +361,7 @@ class PisaRetriever(Retriever):
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         check_search_args(queries, k)
-        results = []
-        for pairs in self.search_positions(list(queries), k):
-            hits = []
-            for pos, score in pairs:
-                p = self._store.passage(pos)
-                hits.append(Hit(p.id, p.title, p.text, score))
-            results.append(hits)
-        return results
+        return [[self.hit(pos, score) for pos, score in pairs] for pairs in self.search_positions(list(queries), k)]
 
-    def passage(self, position: int) -> Passage:
-        return self._store.passage(position)
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _release(self) -> None:
         self._context = None  # frees PISA's memory maps
-        self._store.close()
-        if self._owned_tmpdir is not None:
-            shutil.rmtree(self._owned_tmpdir, ignore_errors=True)
