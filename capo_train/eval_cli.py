@@ -67,9 +67,11 @@ def run(args: argparse.Namespace, env_kwargs: dict) -> int:
                           episodes=args.episodes, repeats=1 if args.repeats is None else args.repeats,
                           temperature=args.temperature, seed=args.seed, record=args.record, out=args.out,
                           per_task=args.per_task)
+    from .backends.openai import OpenAIBackendError
+
     try:
         result = run_eval(request, Progress("capo eval", file=sys.stderr))  # stdout is the JSON result
-    except EvalError as e:
+    except (EvalError, OpenAIBackendError) as e:  # a server that refuses a request says why, in a sentence
         raise SystemExit(f"capo eval: {e}") from None
     print(json.dumps(result, indent=2))
     return 0

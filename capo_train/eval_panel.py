@@ -279,8 +279,9 @@ def summarise(request, trajectories, task_ids, panel, policy, env, greedy, tempe
 def write_outputs(request, result, trajectories, replayed, policy, env, panel) -> None:
     rows = result.pop("per_task")
     per_task = request.per_task or (str(Path(request.record) / PER_TASK_FILE) if request.record else None)
-    if per_task:
-        _write(Path(per_task), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    if per_task:  # each row names its panel (or env), so a row copied out of the file still says what it scored
+        tag = {"panel": panel["name"], "panel_hash": panel["hash"]} if panel else {"panel": None, "env": result["env"]}
+        _write(Path(per_task), "".join(json.dumps({**tag, **r}, ensure_ascii=False) + "\n" for r in rows))
         result["per_task_file"] = per_task
     if request.record:
         from .episodes import episode_file, write_episodes

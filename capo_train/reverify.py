@@ -97,9 +97,19 @@ def read_replay(run_dir: str | Path) -> tuple[dict, list[dict]]:
         raise ReplayError(f"no {REPLAY_FILE} in {path.parent}{why}; record one with "
                           "`capo eval ... --record DIR`, then `capo eval --reverify DIR`")
     try:
-        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ReplayError(f"{path} is damaged: {e}") from None
+        # split on "\n" only: str.splitlines also splits on U+0085, U+2028 and others, which a model's action
+        # text can hold (a random tiny model wrote U+0085) and JSON keeps raw with ensure_ascii=False
+        lines = [line for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+    except UnicodeDecodeError as e:
+        raise ReplayError(f"{path} is not a capo replay file (not UTF-8 text: {e})") from None
+    rows = []
+    for number, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:  # a first line that is not JSON: some other file, given by mistake
+            what = ("is not a capo replay file (its first line is not JSON)" if number == 1
+                    else f"is damaged: line {number}: {e}")
+            raise ReplayError(f"{path} {what}") from None
     if not rows or not isinstance(rows[0], dict) or rows[0].get("kind") != REPLAY_KIND:
         raise ReplayError(f"{path} is not a capo replay file (its first line is not a {REPLAY_KIND!r} header)")
     if rows[0].get("version") != REPLAY_VERSION:

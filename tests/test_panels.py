@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ from capo_envs.core.panels import (
     panel_hash,
     panel_task_ids,
 )
+from capo_envs.core.panel_list import LARGE_PINS
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 GENERATED = [name for name, p in PANELS.items() if p.pinned is not None]
@@ -35,10 +37,14 @@ ENGINE_PANELS = {name for name in GENERATED if PANELS[name].env_id == "capo/Synt
 
 
 def _param(name):
-    if name not in ENGINE_PANELS:
-        return name
-    needs = pytest.mark.skipif(importlib.util.find_spec("alfworld") is None, reason="needs the [alfworld] extra")
-    return pytest.param(name, marks=[pytest.mark.slow, needs])
+    marks = []
+    if name in ENGINE_PANELS:
+        marks += [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("alfworld") is None,
+                                                       reason="needs the [alfworld] extra")]
+    if name in LARGE_PINS:  # minutes each (capo_envs/core/panel_list.py)
+        marks += [pytest.mark.slow, pytest.mark.skipif(os.environ.get("CAPO_TEST_LARGE_PANELS") != "1",
+                                                       reason="a medium or large world: CAPO_TEST_LARGE_PANELS=1")]
+    return pytest.param(name, marks=marks)
 
 
 def test_the_generated_envs_and_the_public_benchmarks_have_panels():
@@ -201,3 +207,89 @@ def test_a_trainers_held_out_set_finds_its_panel():
     assert matching_panel("capo/SynthHop-v0", table1, "dev", 100).name == "synthhop-table1-dev-100"
     assert matching_panel("capo/SynthChain-v0", {"k": 4}, "dev", 199) is None  # another task count
     assert matching_panel("capo/SynthChain-v0", {"k": 4, "reward": "all"}, "dev", 200) is None  # another reward
+
+
+# ----------------------------------------------------------------------------- what the corpus component covers
+
+
+def _corpus(panel, env):
+    try:
+        return fingerprint(panel, env)["corpus"]
+    finally:
+        env.close()
+
+
+TINY_HOP = Panel("tiny-hop", "capo/SynthHop-v0", "test", 20, {"size": "tiny", "k": 3}, ("bm25s", "PyStemmer"))
+
+
+def test_a_retriever_that_ranks_differently_changes_the_corpus_component():
+    """bm25s with Lucene's analysis vs its own snowball analysis: the same passages, another ranking (the
+    analysis default changed once already, docs/results/table1/README.md); ``library="auto"`` may also pick
+    another library on another machine."""
+    from capo_envs.retrieval import open_retriever
+
+    default = _corpus(TINY_HOP, make_panel_env(TINY_HOP))
+    env = make_panel_env(TINY_HOP)
+    env.unwrapped.retriever = open_retriever("bm25", passages=env.unwrapped.world.passages, analyzer="snowball")
+    snowball = _corpus(TINY_HOP, env)
+    assert '"analyzer": "lucene"' in default and '"analyzer": "snowball"' in snowball
+    assert default.split(" top-")[1] != snowball.split(" top-")[1]  # the ranking digest itself differs
+    assert default.split("}")[1].split(" top-")[0] == snowball.split("}")[1].split(" top-")[0]  # same passages
+
+
+def test_an_http_retrievers_ranking_is_checked_though_its_corpus_is_not_visible():
+    """Search-R1-style setups search a server: the panel cannot read its corpus, but it probes its ranking."""
+    from capo_envs.core.panels import make_panel_env as make
+    from capo_envs.qa.world import build_world
+    from capo_envs.retrieval import open_retriever
+    from capo_envs.retrieval.server import make_server
+
+    passages = build_world(0, "tiny").passages
+    found = []
+    for analyzer in ("lucene", "lucene", "snowball"):
+        index = open_retriever("bm25", passages=passages, analyzer=analyzer, cache_size=0)
+        with make_server(index, port=0).start_in_thread() as server:
+            panel = Panel("tiny-hop-http", "capo/SynthHop-v0", "test", 20, {"size": "tiny", "k": 3,
+                                                                           "retriever": server.url})
+            found.append(_corpus(panel, make(panel)))
+    assert all("corpus not visible" in c for c in found)
+    assert found[0] == found[1] != found[2]  # another server with the same index: the same component
+
+
+def test_webshops_catalogue_is_in_the_hash():
+    """The reward compares the bought product's attributes, options and price with the goal's, so a product
+    the expert never opens still decides scores."""
+    pytest.importorskip("thefuzz")
+    panel = Panel("tiny-shop", "capo/SynthShop-v0", "test", 3, {"num_products": 60})
+    here = _corpus(panel, make_panel_env(panel))
+    env = make_panel_env(panel)
+    store = env.unwrapped.store._inner
+    asin = sorted(store._prices)[-1]
+    store._prices[asin] += 1.0
+    assert "catalogue 60 products" in here and _corpus(panel, env) != here
+
+
+def test_package_versions_cover_sqlite_and_missing_packages():
+    import sqlite3
+
+    from capo_envs.core.panels import package_versions
+
+    assert package_versions(("sqlite3", "no-such-distribution")) == \
+        f"sqlite3={sqlite3.sqlite_version} no-such-distribution=absent"
+    assert "thefuzz" in PANELS["webshop-test-500"].packages and "spacy" in PANELS["webshop-test-500"].packages
+    assert "sqlite3" in PANELS["pasa-autoscholar-test-1000"].packages
+
+
+def test_every_env_id_and_every_generated_size_has_a_panel():
+    from capo_envs.core.registry import CATALOG
+
+    with_panels = {p.env_id for p in PANELS.values()}
+    assert set(CATALOG) - with_panels == {"capo/Remote-v0"}  # a proxy to another env id's panel
+    sizes = {"capo/SynthHop-v0": "capo_envs.qa.world", "capo/SynthScholar-v0": "capo_envs.papers.world",
+             "capo/SynthHouse-v0": "capo_envs.alfworld.world"}
+    for env_id, module in sizes.items():
+        known = set(__import__(module, fromlist=["SIZES"]).SIZES) - {"1m"}  # 1m: a latency benchmark's world
+        panelled = {p.kwargs.get("size", "small") for p in PANELS.values() if p.env_id == env_id}
+        assert known <= panelled, (env_id, known - panelled)
+    for panel in PANELS.values():  # a generated panel left unpinned says why
+        assert panel.pinned or "Synth" not in panel.env_id or "not pinned" in panel.about, panel.name

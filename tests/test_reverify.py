@@ -69,6 +69,22 @@ def test_an_edited_recording_is_caught(recorded):
     assert report["differences"][0]["field"] == "observation" and report["differences"][0]["step"] == 1
 
 
+def test_actions_with_unicode_line_breaks_replay(tmp_path):
+    """JSON keeps U+0085 and U+2028 raw (ensure_ascii=False); a reader that splits lines on them breaks the
+    file (found on a random tiny model's recording)."""
+    env = RecordingEnv(gym.make("capo/SynthChain-v0", k=2, split="test"))
+    env.reset(seed=3, options={"task_id": "synthchain-0-test-1"})
+    env.step("<go>left</go>\x85")
+    env.step("a\u2028b\u2029c\x1c")
+    env.close()
+    from capo_train.reverify import write_replay
+
+    write_replay(tmp_path / "replay.jsonl", {"env_id": "capo/SynthChain-v0", "env_kwargs": {"k": 2, "split": "test"}},
+                 env.episodes)
+    report = reverify(tmp_path)
+    assert report["episodes"] == 1 and report["differing_episodes"] == 0
+
+
 def test_the_recorder_sees_exactly_what_the_env_was_sent():
     env = RecordingEnv(gym.make("capo/SynthChain-v0", k=2, split="test"))
     env.reset(seed=3, options={"task_id": "synthchain-0-test-1"})
@@ -82,7 +98,8 @@ def test_the_recorder_sees_exactly_what_the_env_was_sent():
 
 @pytest.mark.parametrize(("content", "message"), [
     (None, "no replay.jsonl"),
-    ("{not json\n", "is damaged"),
+    ("{not json\n", "is not a capo replay file"),
+    ('{"kind": "capo-replay", "version": 1, "env_id": "capo/SynthChain-v0"}\n{cut off\n', "is damaged: line 2"),
     ('{"kind": "something else"}\n', "is not a capo replay file"),
     ('{"kind": "capo-replay", "version": 99}\n', "replay version 99"),
     ('{"kind": "capo-replay", "version": 1, "env_id": "capo/SynthChain-v0"}\n{"steps": 3}\n', "lacks task_id"),
@@ -94,6 +111,12 @@ def test_bad_replay_files_are_one_clear_sentence(tmp_path, content, message):
         read_replay(tmp_path)
     with pytest.raises(SystemExit, match=message):
         main(["eval", "--reverify", str(tmp_path)])
+
+
+def test_a_file_that_is_no_replay_is_named_as_such(tmp_path):
+    (tmp_path / "notes.md").write_text("# Learning, shown\n")
+    with pytest.raises(ReplayError, match="notes.md is not a capo replay file"):
+        read_replay(tmp_path / "notes.md")
 
 
 def test_a_training_runs_viewing_files_are_explained_not_replayed(tmp_path):

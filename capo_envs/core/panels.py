@@ -10,17 +10,23 @@ handful of components, each a short string, so a mismatch can say what differs:
 ``tasks``     a digest of each task's content: its first observation (question, goal, game intro), and the
               task record where the env keeps one (QA: question, answers and supporting titles; ALFWorld: the
               game file's bytes; WebShop: the goal with its target attributes and price).
-``corpus``    for retrieval envs: the retriever's class and a digest of every passage it searches.
+``corpus``    what the env searches and sells: the retriever's class and ranking settings (BM25 library and
+              analysis, dense encoder, fusion), a digest of every passage, and an index checksum: a digest of
+              the top-k result ids for every task's question, so an on-disk index, an HTTP retrieval server
+              or a library that ranks differently shows even where its passages are not visible; a paper
+              database (its file, or its papers) and its ranking likewise; WebShop's catalogue (the product
+              file, or the products and prices). ``none`` for envs without.
 ``expert``    the env's own expert played on every task (reset seed 0): its success and a digest of the whole
               transcript, observations, rewards and metrics included. A change to the reward, the dynamics or
               the search ranking along the expert's path shows here.
-``packages``  versions of the third-party packages that change scores (the engine, the BM25 library).
+``packages``  versions of the third-party packages that change scores (the engine, the BM25 library,
+              WebShop's fuzzy matcher and noun tagger, the SQLite that ranks paper search).
 
 The panel hash is ``sha256:`` and the first 16 hex digits of the SHA-256 of the components as canonical
-JSON. Generated (Synth) panels pin their expected components in code (``tests/test_panels.py`` recomputes
-them, so a change to a generator fails CI); public panels are pinned once their data has been hashed on a
-machine that has it (``pinned=None`` until then: :func:`check_panel` reports the hash computed, and says
-it is not pinned).
+JSON. The panels are listed, and the generated ones pinned, in ``panel_list.py`` (``tests/test_panels.py``
+recomputes the pins, so a change to a generator fails CI); public panels are pinned once their data has
+been hashed on a machine that has it (``pinned=None`` until then: :func:`check_panel` reports the hash
+computed, and says it is not pinned).
 
 This module never imports torch or capo_train.
 """
@@ -32,11 +38,13 @@ import difflib
 import hashlib
 import importlib.metadata
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import gymnasium as gym
+
+from .panel_model import Panel, digest, panel_hash  # noqa: F401  (re-exported)
 
 COMPONENTS = ("env", "task_ids", "tasks", "corpus", "expert", "packages")
 EXPERT_SEED = 0  # the reset seed of the expert's fingerprint episodes (a demonstrator with expert_skill < 1 draws)
@@ -44,22 +52,6 @@ EXPERT_SEED = 0  # the reset seed of the expert's fingerprint episodes (a demons
 
 class PanelError(ValueError):
     """A panel that does not exist, or data that cannot hold it (too few tasks, an env that cannot be made)."""
-
-
-@dataclass(frozen=True)
-class Panel:
-    name: str
-    env_id: str
-    split: str
-    size: int  # the first ``size`` ids of the split's task_ids()
-    kwargs: Mapping[str, Any] = field(default_factory=dict)  # to gym.make, besides split
-    packages: tuple[str, ...] = ()  # distributions whose versions change scores
-    pinned: Mapping[str, str] | None = None  # expected components; None: not pinned yet
-    about: str = ""
-
-    @property
-    def pinned_hash(self) -> str | None:
-        return panel_hash(self.pinned) if self.pinned is not None else None
 
 
 @dataclass(frozen=True)
@@ -92,31 +84,6 @@ class PanelCheck:
                 f"{self.panel.pinned_hash}, here {self.hash}):\n  " + "\n  ".join(self.differences))
 
 
-# ----------------------------------------------------------------------------- hashing
-
-
-def digest(value: Any) -> str:
-    """First 16 hex digits of SHA-256 over ``value`` as canonical JSON (sorted keys, no NaN guessing)."""
-    data = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=_jsonable)
-    return hashlib.sha256(data.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-
-
-def panel_hash(components: Mapping[str, str]) -> str:
-    return "sha256:" + digest({k: components[k] for k in sorted(components)})
-
-
-def _jsonable(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, (set, frozenset)):
-        return sorted(value, key=repr)
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, bytes):
-        return hashlib.sha256(value).hexdigest()
-    return repr(value)
-
-
 def _task_record(env: Any, task_id: str) -> Any:
     """What the env holds about one task beyond its first observation (None where it keeps nothing known)."""
     tasks = getattr(env, "tasks", None)
@@ -134,30 +101,145 @@ def _task_record(env: Any, task_id: str) -> Any:
     return None
 
 
-def _retriever_passages(retriever: Any) -> tuple[str, Sequence | None]:
-    """The retriever's class name (through caches and wrappers) and its passages, when it holds them."""
-    seen = 0
-    while seen < 8 and getattr(retriever, "passages", None) is None:
-        inner = getattr(retriever, "inner", None) or getattr(retriever, "bm25", None)
+# Attributes of a retriever (through its wrappers) that change its ranking: BM25 library and analysis, the
+# dense encoder and index type, fusion settings, PISA's algorithm (a server's address is not: its ranking is probed).
+_INDEX_SETTINGS = ("library", "analyzer", "encoder", "index_type", "algorithm", "rrf_k", "depth", "weights")
+PROBE_K = 5  # results per probe query when the env has no top-k of its own
+
+
+def _unwrap(obj: Any) -> Any:
+    """Through query caches and sharing wrappers (``inner``, ``_inner``) to the object that does the work."""
+    for _ in range(8):
+        inner = getattr(obj, "inner", None) or getattr(obj, "_inner", None)
         if inner is None:
             break
-        retriever, seen = inner, seen + 1
-    return type(retriever).__name__, getattr(retriever, "passages", None)
+        obj = inner
+    return obj
 
 
-def corpus_component(env: Any) -> str:
-    retriever = getattr(env, "retriever", None)
-    if retriever is None:  # WebShop: its product search holds the catalogue's search texts
-        retriever = getattr(getattr(env, "search_engine", None), "retriever", None)
-    if retriever is None:
-        return "none"
-    kind, passages = _retriever_passages(retriever)
-    if passages is None:  # an HTTP server, say: its corpus is not visible from here
-        return f"{kind} (corpus not visible: not hashed)"
+def describe_retriever(retriever: Any) -> str:
+    """The retriever's class and ranking settings, e.g. ``BM25Retriever{"analyzer": "lucene", "library": "bm25s"}``
+    (a hybrid lists its members): ``library="auto"`` picks bm25s, tantivy, PISA or Lucene by machine, and they rank
+    differently, so the kind alone does not say what searched."""
+    retriever = _unwrap(retriever)
+    settings = {}
+    for name in _INDEX_SETTINGS:
+        try:
+            value = getattr(retriever, name, None)
+        except Exception:  # noqa: BLE001  (a property that needs a closed index, say)
+            value = None
+        if isinstance(value, (str, int, float)) or (isinstance(value, (list, tuple)) and value):
+            settings[name] = value
+    text = type(retriever).__name__ + (json.dumps(settings, sort_keys=True) if settings else "")
+    members = getattr(retriever, "retrievers", None)
+    if isinstance(members, (list, tuple)) and members:
+        text += "[" + ", ".join(describe_retriever(m) for m in members) + "]"
+    return text
+
+
+def _passages(retriever: Any) -> Sequence | None:
+    retriever = _unwrap(retriever)
+    if getattr(retriever, "passages", None) is not None:
+        return retriever.passages
+    for member in getattr(retriever, "retrievers", None) or ():  # a hybrid: its members share one corpus
+        found = _passages(member)
+        if found is not None:
+            return found
+    return None
+
+
+def _passages_digest(passages: Sequence) -> str:
     h = hashlib.sha256()
     for p in passages:
         h.update(json.dumps([p.id, p.title, p.text], ensure_ascii=False).encode("utf-8", "surrogatepass"))
-    return f"{kind} {len(passages)} passages {h.hexdigest()[:16]}"
+    return h.hexdigest()[:16]
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+def probe_queries(first_observations: Sequence[str], records: Sequence[Any]) -> list[str]:
+    """One search query per task: its question (QA, papers) or instruction (WebShop), else its first
+    observation."""
+    queries = []
+    for obs, record in zip(first_observations, records):
+        text = getattr(record, "question", None)
+        if text is None and isinstance(record, Mapping):
+            text = record.get("instruction_text") or record.get("question")
+        queries.append(str(text if text else obs))
+    return queries
+
+
+def _top_k(env: Any) -> int:
+    for name in ("k", "search_limit"):
+        value = getattr(env, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+    return PROBE_K
+
+
+def _retriever_part(retriever: Any, queries: Sequence[str], k: int) -> str:
+    passages = _passages(retriever)
+    corpus = (f"{len(passages)} passages {_passages_digest(passages)}" if passages is not None
+              else "corpus not visible")  # an HTTP server or an on-disk store: the ranking below still shows
+    ranking = [[hit.id for hit in hits] for hits in _unwrap(retriever).search(list(queries), k)] if queries else []
+    return f"{describe_retriever(retriever)} {corpus} top-{k} ranking {digest(ranking)}"
+
+
+def _rows_digest(rows: Any) -> str:
+    """A streamed digest of dataclass rows (their field values in order): ``digest`` of 250k papers as dicts
+    would take minutes."""
+    h, names = hashlib.sha256(), None
+    for row in rows:
+        names = names or [f.name for f in dataclasses.fields(row)]
+        values = json.dumps([getattr(row, n) for n in names], ensure_ascii=False, default=repr)
+        h.update(values.encode("utf-8", "surrogatepass"))
+    return h.hexdigest()[:16]
+
+
+def _paper_db_part(db: Any, queries: Sequence[str], k: int) -> str:
+    path = Path(getattr(db, "path", ""))
+    papers = file_digest(path) if path.is_file() else _rows_digest(db.iter_papers())
+    ranking = [[p.arxiv_id for p in db.search(q, limit=k)] for q in queries]
+    return f"PaperDB(ranking {db.ranking}) {len(db)} papers {papers} top-{k} ranking {digest(ranking)}"
+
+
+def _catalogue_part(store: Any) -> str:
+    """WebShop's products, prices and options (the reward compares the bought product's with the goal's)."""
+    store = _unwrap(store)
+    path = getattr(store, "path", None)
+    if path is not None and Path(path).is_file():
+        return f"catalogue file {file_digest(Path(path))}"
+    products, prices = getattr(store, "_products", None), getattr(store, "_prices", None)
+    if products is None:
+        return f"catalogue {type(store).__name__} (not visible: not hashed)"
+    return f"catalogue {len(products)} products {digest([sorted(products.items()), sorted(prices.items())])}"
+
+
+def corpus_component(env: Any, queries: Sequence[str] = ()) -> str:
+    """What the env searches and sells, and how it ranks: the retriever's settings, a digest of its passages
+    and of its top-k result ids for every task's question (an index checksum that also covers an HTTP
+    server's or an on-disk index's ranking); a paper database; WebShop's catalogue. "none" for envs without."""
+    parts = []
+    k = _top_k(env)
+    retriever = getattr(env, "retriever", None)
+    search_engine = getattr(env, "search_engine", None)
+    if retriever is None and search_engine is not None:  # WebShop: its product search ranks search texts
+        retriever = getattr(_unwrap(search_engine), "retriever", None)
+    if retriever is not None:
+        parts.append(_retriever_part(retriever, queries, k))
+    db = getattr(env, "db", None)
+    if db is not None and hasattr(db, "iter_papers"):
+        parts.append(_paper_db_part(db, queries if retriever is None else (), k))
+    store = getattr(env, "store", None)
+    if store is not None:
+        parts.append(_catalogue_part(store))
+    return "; ".join(parts) or "none"
 
 
 def _play_expert(env: gym.Env, task_id: str) -> tuple[list, float] | None:
@@ -181,6 +263,11 @@ def _play_expert(env: gym.Env, task_id: str) -> tuple[list, float] | None:
 def package_versions(names: Sequence[str]) -> str:
     parts = []
     for name in names:
+        if name == "sqlite3":  # the SQLite library Python links (FTS5's ranking), not a distribution
+            import sqlite3
+
+            parts.append(f"sqlite3={sqlite3.sqlite_version}")
+            continue
         try:
             parts.append(f"{name}={importlib.metadata.version(name)}")
         except importlib.metadata.PackageNotFoundError:
@@ -206,6 +293,7 @@ def fingerprint(panel: Panel, env: gym.Env) -> dict[str, str]:
         obs, _ = env.reset(seed=EXPERT_SEED, options={"task_id": task_id})
         first_obs.append(obs)
         records.append(_task_record(base, task_id))
+    corpus = corpus_component(base, probe_queries(first_obs, records))  # before the expert fills any cache
     played = [_play_expert(env, task_id) for task_id in ids]
     if any(p is None for p in played):
         expert = "no expert"
@@ -216,7 +304,7 @@ def fingerprint(panel: Panel, env: gym.Env) -> dict[str, str]:
         "env": env_component(panel, env),
         "task_ids": f"{len(ids)} ids {digest(ids)}",
         "tasks": digest([first_obs, records]),
-        "corpus": corpus_component(base),
+        "corpus": corpus,
         "expert": expert,
         "packages": package_versions(panel.packages),
     }
@@ -291,185 +379,6 @@ def check_panel(panel: Panel, env: gym.Env) -> PanelCheck:
 
 # ----------------------------------------------------------------------------- the panels
 
-# Generated panels: the held-out figures the docs report (the main command's 200 dev episodes of SynthChain
-# k=4; Table 1's 100 SynthHop dev questions under the CPU preset) and a test panel of each. The pins are
-# recomputed by tests/test_panels.py; a generator change must re-pin them on purpose (and say so).
-_SYNTHHOP_PRESET = {"size": "small", "k": 1, "max_passage_chars": 400, "question_kinds": ["bridge-2"]}
-_SYNTHHOP_TABLE1 = {"size": "small", "k": 1, "max_passage_chars": 200,
-                    "question_kinds": ["bridge-2", "comparison"]}  # docs/results/table1/grid.yaml
-_BM25 = ("bm25s", "PyStemmer")  # the default BM25 library and its stemmer decide the search ranking
-# The public benchmarks, on their env defaults made explicit (retriever, top-k, step budget decide scores).
-_QA = {"retriever": "bm25", "k": 5, "max_steps": 5}
-_ALFWORLD = ("alfworld", "textworld")  # the engine (README: ALFWorld versions change scores)
-
-PANELS: dict[str, Panel] = {p.name: p for p in (
-    Panel("synthchain-k4-dev-200", "capo/SynthChain-v0", "dev", 200, {"k": 4}, 
-          about="the main command's held-out figure: 200 dev tasks of 4 door decisions"),
-    Panel("synthchain-k4-test-64", "capo/SynthChain-v0", "test", 64, {"k": 4}, 
-          about="64 test tasks of 4 door decisions"),
-    Panel("synthchain-k8-test-64", "capo/SynthChain-v0", "test", 64, {"k": 8}, 
-          about="64 test tasks of 8 door decisions (Table 1 on diagnostic envs, k = 8)"),
-    Panel("synthlength-test-100", "capo/SynthLength-v0", "test", 100, {}, 
-          about="100 test tasks: a pick and a long write"),
-    Panel("synthtrap-test-100", "capo/SynthTrap-v0", "test", 100, {}, 
-          about="100 test tasks with a tempting malformed shortcut"),
-    Panel("synthhop-table1-dev-100", "capo/SynthHop-v0", "dev", 100, _SYNTHHOP_TABLE1, _BM25, 
-          about="Table 1's held-out figure: every dev two-hop bridge and comparison, one 200-character passage"),
-    Panel("synthhop-test-100", "capo/SynthHop-v0", "test", 100, _SYNTHHOP_TABLE1, _BM25, 
-          about="every test two-hop bridge and comparison, as Table 1's env"),
-    Panel("synthhop-preset-dev-50", "capo/SynthHop-v0", "dev", 50, _SYNTHHOP_PRESET, _BM25, 
-          about="the README's SynthHop figure: every dev two-hop bridge under the CPU preset"),
-    Panel("synthhop-small-test-200", "capo/SynthHop-v0", "test", 200, {"size": "small"}, _BM25, 
-          about="every test question of the small world, env defaults (top-5, 1200-character passages)"),
-    # Table 1 on diagnostic envs (docs/results/table1_diagnostics): 100 dev tasks per env.
-    Panel("synthchain-k1-dev-100", "capo/SynthChain-v0", "dev", 100, {"k": 1},
-          about="Table 1 on diagnostic envs, k = 1: 100 dev tasks"),
-    Panel("synthchain-k4-dev-100", "capo/SynthChain-v0", "dev", 100, {"k": 4},
-          about="Table 1 on diagnostic envs, k = 4: 100 dev tasks"),
-    Panel("synthchain-k8-dev-100", "capo/SynthChain-v0", "dev", 100, {"k": 8},
-          about="Table 1 on diagnostic envs, k = 8: 100 dev tasks"),
-    Panel("synthlength-w8-recall-dev-100", "capo/SynthLength-v0", "dev", 100,
-          {"long_words": 8, "texts": "recall", "ask_by": "number"},
-          about="Table 1 on SynthLength: 100 dev tasks, an 8-word recalled write picked by number"),
-    # The three newer domains' generated envs (docs/results/domains): 20 dev tasks each.
-    Panel("synthhouse-tiny-dev-20", "capo/SynthHouse-v0", "dev", 20, {"size": "tiny", "max_steps": 20}, _ALFWORLD,
-          about="20 dev games of the tiny generated house, played by alfworld's engine"),
-    # Not pinned: measured, its BM25 scores' last float32 bits change with PYTHONHASHSEED, so products tied up
-    # to rounding swap places and the expert's first results page differs between processes (likely cause: a
-    # vocabulary numbered in set order changes the terms' summation order). Pin it once ranking is stable.
-    Panel("synthshop-dev-20", "capo/SynthShop-v0", "dev", 20, {}, _BM25,
-          about="20 dev goals of the generated catalogue (not pinned: its ranking of near-ties is not stable)"),
-    Panel("synthscholar-small-dev-20", "capo/SynthScholar-v0", "dev", 20,
-          {"size": "small", "max_abstract_chars": 0, "search_limit": 5, "shown_per_call": 5, "pool_view": 5},
-          about="20 dev queries of the small scholarly world under the CPU preset"),
-    Panel("hotpotqa-dev-500", "capo/HotpotQA-v0", "dev", 500, _QA, _BM25,
-          about="the first 500 official dev-distractor questions, BM25 top-5 over the dataset's paragraphs"),
-    Panel("2wiki-dev-500", "capo/2WikiMultihopQA-v0", "dev", 500, _QA, _BM25,
-          about="the first 500 official 2WikiMultihopQA dev questions, BM25 top-5"),
-    Panel("musique-dev-500", "capo/MuSiQue-v0", "dev", 500, _QA, _BM25,
-          about="the first 500 official MuSiQue-Ans dev questions, BM25 top-5"),
-    Panel("alfworld-seen-140", "capo/ALFWorld-v0", "valid_seen", 140, {}, _ALFWORLD,
-          about="all 140 valid_seen games of json_2.1.1 on alfworld 0.4.2"),
-    Panel("alfworld-unseen-134", "capo/ALFWorld-v0", "valid_unseen", 134, {}, _ALFWORLD,
-          about="all 134 valid_unseen games of json_2.1.1 on alfworld 0.4.2"),
-    Panel("webshop-test-500", "capo/WebShop-v0", "test", 500, {"size": "full"}, (),
-          about="goals 0-499 of the original's human-goal split (its seed 233), full catalogue, price seed 0"),
-)}
-
-# The pinned components of the generated panels (recomputed by tests/test_panels.py on every run).
-_PINS: dict[str, dict[str, str]] = {
-    "synthchain-k4-dev-200": {
-        "task_ids": "200 ids 1f60f2decc571a16",
-        "tasks": "8c89dc5e95a37982",
-        "corpus": "none",
-        "expert": "success 1.000 b1748ac616167dec",
-        "packages": "none",
-    },
-    "synthchain-k4-test-64": {
-        "task_ids": "64 ids 8f1832442b331ea0",
-        "tasks": "4d4f45e86b240b88",
-        "corpus": "none",
-        "expert": "success 1.000 e2cc82f975ac6ee1",
-        "packages": "none",
-    },
-    "synthchain-k8-test-64": {
-        "task_ids": "64 ids 8f1832442b331ea0",
-        "tasks": "12e18272dc863c09",
-        "corpus": "none",
-        "expert": "success 1.000 ff832058168990a8",
-        "packages": "none",
-    },
-    "synthlength-test-100": {
-        "task_ids": "100 ids 27acf0534e0dc897",
-        "tasks": "441b9471b461db2f",
-        "corpus": "none",
-        "expert": "success 1.000 414b4763df310fd8",
-        "packages": "none",
-    },
-    "synthtrap-test-100": {
-        "task_ids": "100 ids 5404f74948e48ca4",
-        "tasks": "e15a9754614c7fbf",
-        "corpus": "none",
-        "expert": "success 1.000 2a5ff8485c17f350",
-        "packages": "none",
-    },
-    "synthhop-table1-dev-100": {
-        "task_ids": "100 ids 277c5b5be6d00952",
-        "tasks": "0f5036f542d51789",
-        "corpus": "BM25Retriever 3000 passages 8db5107370c39dcf",
-        "expert": "success 1.000 b62cf70fbb3e2369",
-        "packages": "bm25s=0.3.16 PyStemmer=3.1.0",
-    },
-    "synthhop-test-100": {
-        "task_ids": "100 ids 4c8227df0872b8ac",
-        "tasks": "a87f47e9acdfa9f0",
-        "corpus": "BM25Retriever 3000 passages 8db5107370c39dcf",
-        "expert": "success 1.000 5af1b1dc495359c0",
-        "packages": "bm25s=0.3.16 PyStemmer=3.1.0",
-    },
-    "synthhop-preset-dev-50": {
-        "task_ids": "50 ids 85a60a895a20f295",
-        "tasks": "abd0f1b2d53f54a1",
-        "corpus": "BM25Retriever 3000 passages 8db5107370c39dcf",
-        "expert": "success 1.000 b7ed13fa82e8eac8",
-        "packages": "bm25s=0.3.16 PyStemmer=3.1.0",
-    },
-    "synthhop-small-test-200": {
-        "task_ids": "200 ids 1286f662cc1f1c14",
-        "tasks": "b4c6f92bd630a9a7",
-        "corpus": "BM25Retriever 3000 passages 8db5107370c39dcf",
-        "expert": "success 1.000 93815f824c866703",
-        "packages": "bm25s=0.3.16 PyStemmer=3.1.0",
-    },
-    "synthchain-k1-dev-100": {
-        "task_ids": "100 ids 5ff77eac45defb63",
-        "tasks": "d8ac74eed3afaa1c",
-        "corpus": "none",
-        "expert": "success 1.000 dddb377d8873a5d5",
-        "packages": "none",
-    },
-    "synthchain-k4-dev-100": {
-        "task_ids": "100 ids 5ff77eac45defb63",
-        "tasks": "b6bffb2f9b04256c",
-        "corpus": "none",
-        "expert": "success 1.000 ea8eec7efc9a7f95",
-        "packages": "none",
-    },
-    "synthchain-k8-dev-100": {
-        "task_ids": "100 ids 5ff77eac45defb63",
-        "tasks": "50b4aa183c95a350",
-        "corpus": "none",
-        "expert": "success 1.000 c874b35a3b0e6057",
-        "packages": "none",
-    },
-    "synthlength-w8-recall-dev-100": {
-        "task_ids": "100 ids b640ac447b1f8737",
-        "tasks": "a0e58c7d0bed313e",
-        "corpus": "none",
-        "expert": "success 1.000 e7c680d51757978b",
-        "packages": "none",
-    },
-    "synthscholar-small-dev-20": {
-        "task_ids": "20 ids 1c833f5dfa14eea1",
-        "tasks": "1bc713331ae4dcc2",
-        "corpus": "none",
-        "expert": "success 1.000 7c246079d7a2ff3c",
-        "packages": "none",
-    },
-    "synthhouse-tiny-dev-20": {
-        "task_ids": "20 ids 415f532586cc47b4",
-        "tasks": "9702fa882349ec37",
-        "corpus": "none",
-        "expert": "success 0.850 6caac7d60494633c",
-        "packages": "alfworld=0.4.2 textworld=1.7.0",
-    },
-}
-
-
-def _expected_env(panel: Panel) -> str:
-    """The ``env`` component a panel made by :func:`make_panel_env` has (the capo cards register no kwargs)."""
-    return json.dumps({"id": panel.env_id, "kwargs": {**panel.kwargs, "split": panel.split}}, sort_keys=True)
-
-
-PANELS = {name: dataclasses.replace(p, pinned={"env": _expected_env(p), **_PINS[name]}) if name in _PINS else p
-          for name, p in PANELS.items()}
+# The definitions and their pins live in panel_list.py (this module would pass 500 lines otherwise); imported
+# last because they are built from Panel, above.
+from .panel_list import PANELS  # noqa: E402
