@@ -11,7 +11,9 @@ Pure Python (no torch), so they are checked against hand computations in tests/t
   "Interval Estimation for a Binomial Proportion", https://doi.org/10.1214/ss/1009213286) when every episode
   is one independent 0/1 outcome (one episode per task); otherwise a percentile bootstrap over **tasks** (each
   task's mean over its repeats resampled as one unit, because repeats of one task are not independent),
-  with a fixed seed so the same episodes give the same interval.
+  with a fixed seed so the same episodes give the same interval. Where every task has the same mean (all
+  episodes failed, say) the bootstrap has no spread to resample and would claim an interval of width 0;
+  there, Wilson's interval with the number of tasks as n (a pass over the panel as one sample).
 """
 
 from __future__ import annotations
@@ -76,9 +78,13 @@ def success_summary(per_task: Sequence[Sequence[float]]) -> dict:
         low, high = wilson_interval(sum(episodes), len(episodes))
         method = f"Wilson score interval, {len(episodes)} independent 0/1 episodes"
     else:
-        low, high = bootstrap_interval([sum(s) / len(s) for s in per_task if s])
+        task_means = [sum(s) / len(s) for s in per_task if s]
+        low, high = bootstrap_interval(task_means)
         method = (f"percentile bootstrap over {len(per_task)} tasks ({BOOTSTRAP_RESAMPLES} resamples, seed "
                   f"{BOOTSTRAP_SEED}; a task's repeats resampled together)")
+        if binary and len(set(task_means)) == 1:  # every task alike (all failed, say): nothing to resample
+            low, high = wilson_interval(mean * len(task_means), len(task_means))
+            method += f"; every task's mean is {mean:g}, so Wilson's interval over the {len(task_means)} tasks"
     summary = {"mean": mean, "ci95": [low, high], "ci_method": method}
     repeats = min(len(s) for s in per_task)
     if repeats > 1:  # how much the figure moves between whole passes over the panel (repeat r of every task)

@@ -101,6 +101,16 @@ def test_summary_says_which_interval_and_is_reproducible():
     assert bootstrap_interval([0.5] * 7) == (0.5, 0.5)
 
 
+def test_repeats_that_all_fail_still_get_an_interval_of_some_width():
+    """64 tasks x 2 repeats, every episode failed (a random tiny model on synthchain-k4-test-64): the bootstrap
+    alone says [0, 0]; one pass over 64 tasks cannot rule out a success rate of a few percent."""
+    summary = success_summary([[0.0, 0.0]] * 64)
+    assert summary["ci95"] == [0.0, wilson_interval(0, 64)[1]] and summary["ci95"][1] > 0.05
+    assert "Wilson's interval over the 64 tasks" in summary["ci_method"]
+    mixed = success_summary([[1.0, 0.0]] * 10)  # every task 0.5: again nothing for the bootstrap to resample
+    assert mixed["ci95"][0] < 0.5 < mixed["ci95"][1]
+
+
 # ----------------------------------------------------------------------------- a run on a panel
 
 
