@@ -80,7 +80,7 @@ PANELS: dict[str, Panel] = {p.name: p for p in (
           about="every test question of the medium world (20k passages), env defaults"),
     Panel("synthhop-large-test-1000", "capo/SynthHop-v0", "test", 1000, {"size": "large"}, _BM25,
           about="every test question of the large world (100k passages), env defaults (not pinned: at 100k "
-                "passages BM25's library='auto' picks bm25s, PISA or Lucene by what the machine has installed)"),
+                "passages BM25's library='auto' picks bm25s, PISA or Lucene by what is installed and memory)"),
     Panel("synthscholar-tiny-test-9", "capo/SynthScholar-v0", "test", 9, {"size": "tiny"}, _PAPERS,
           about="every test query of the tiny scholarly world (2,000 papers), env defaults"),
     Panel("synthscholar-small-test-20", "capo/SynthScholar-v0", "test", 20, {"size": "small"}, _PAPERS,
