@@ -202,6 +202,27 @@ def test_generator_is_deterministic_and_prefix_stable():
     assert other != again
 
 
+def test_fast_corpus_lines_are_the_string_path_byte_for_byte():
+    """write_corpus_files assembles the texts in numpy (chunk_lines, a guide table instead of most binary
+    searches) so that 21M passages take minutes: it must write what json.dumps of chunk()'s strings wrote,
+    so corpora generated before and after stay the same corpus. A partial last chunk included."""
+    import json
+
+    profile = scale.load_profile(None, vocab_size=200_000)
+    slow, fast = scale.CorpusGenerator(profile, seed=5), scale.CorpusGenerator(profile, seed=5)
+    for index, count in ((0, scale.CHUNK), (3, 1234)):
+        titles, texts, tokens, topics = slow.chunk(index)
+        first = index * scale.CHUNK
+        expected = "".join(json.dumps({"id": str(first + i), "title": titles[i], "text": texts[i]}) + "\n" for i in range(count))
+        lines, flat, starts, topics_fast = fast.chunk_lines(index, first, count)
+        assert lines.decode("ascii") == expected
+        for i in (0, count // 2, count - 1):
+            assert np.array_equal(flat[starts[i] : starts[i + 1]], tokens[i]) and np.array_equal(topics_fast[i], topics[i])
+    u = np.random.default_rng(0).random(300_000)
+    cdf = profile.cdf
+    assert np.array_equal(fast._guided_search(cdf, u), np.searchsorted(cdf, u * cdf[-1], side="right"))
+
+
 def test_generated_corpus_has_realistic_shape(generated):
     passages, queries, golds = generated
     lengths = [len(p.text.split()) for p in passages]
