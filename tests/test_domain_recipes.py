@@ -62,6 +62,37 @@ def test_synthshop_expert_clicks_the_product_id_as_shown_and_still_wins():
     assert info["metrics"]["success"] == 1.0
 
 
+
+def play_expert(env, seed: int) -> tuple[list[str], dict]:
+    env.reset(seed=seed)
+    actions, done, info = [], False, {}
+    while not done:
+        actions.append(env.unwrapped.expert_action())
+        _, _, terminated, truncated, info = env.step(actions[-1])
+        done = terminated or truncated
+    return actions, info
+
+
+@needs_webshop
+def test_synthshop_first_hit_demonstrators_click_what_the_page_shows_first():
+    """expert_mode="first" buys its search's first hit with the goal's options; "first-random-options" buys
+    the same product with options drawn at random, the same for a task every time; the oracle's own product
+    needs the goal's ASIN. Over 40 dev goals the three order as the options they read."""
+    scores = {}
+    for mode in ("goal", "first", "first-random-options"):
+        env = gym.make("capo/SynthShop-v0", split="dev", max_steps=10, expert_mode=mode)
+        runs = [play_expert(env, seed) for seed in range(40)]
+        scores[mode] = sum(info["metrics"]["score"] for _, info in runs) / len(runs)
+        if mode != "goal":
+            actions, info = play_expert(env, 0)
+            assert actions == runs[0][0]  # the same clicks for the same task, random options included
+            assert actions[1] == f"click[{env.unwrapped._session._results[0]}]"  # the first hit, as shown
+            assert actions[-1] == "click[buy now]" and info["metrics"]["purchased"] == 1.0
+    assert scores["goal"] == 1.0
+    assert scores["goal"] > scores["first"] > scores["first-random-options"] + 0.05
+    with pytest.raises(ValueError, match="expert_mode"):
+        gym.make("capo/SynthShop-v0", expert_mode="psychic")
+
 def test_synthscholar_random_action_expands_papers_in_the_pool_view():
     env = gym.make("capo/SynthScholar-v0", split="train", **SCHOLAR)
     obs, _ = env.reset(seed=0)

@@ -233,6 +233,25 @@ def test_synthshop_checks_its_knobs():
         SynthShopEnv(num_products=5)
     with pytest.raises(ValueError, match="reward"):
         SynthShopEnv(reward="dense")
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="results_per_page"):
+            SynthShopEnv(results_per_page=bad)
+
+
+def test_synthshop_shorter_results_pages_still_hold_every_hit_and_the_oracle_wins():
+    """results_per_page=3 (a CPU preset's shorter observation) shows 3 products a page, the same ranking
+    paged more finely, and the oracle pages to its product as before."""
+    wide, narrow = SynthShopEnv(split="dev"), SynthShopEnv(split="dev", results_per_page=3)
+    wide.reset(seed=0)
+    narrow.reset(seed=0)
+    query = f"search[{wide.oracle_query()}]"
+    wide_page, *_ = wide.step(query)
+    narrow_page, *_ = narrow.step(query)
+    assert narrow._session._results == wide._session._results
+    shown = [asin for asin in narrow._session._results if asin in narrow_page]
+    assert shown == narrow._session._results[:3] and len(narrow_page) < len(wide_page) / 2
+    metrics = expert_metrics(SynthShopEnv(split="dev", results_per_page=3))[:30]
+    assert all(m["success"] == 1.0 for m in metrics)
 
 
 def test_synthshop_passes_gymnasiums_checker():

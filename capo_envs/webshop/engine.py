@@ -54,8 +54,10 @@ class ShopSession:
     ``score(purchase) -> float`` is called on "Buy Now"; the session then shows the done page.
     """
 
-    def __init__(self, store: ProductStore, search: ProductSearch, instruction: str, score: Callable[[Purchase], float]):
+    def __init__(self, store: ProductStore, search: ProductSearch, instruction: str, score: Callable[[Purchase], float],
+                 results_per_page: int = PRODUCT_WINDOW):
         self.store = store
+        self.results_per_page = results_per_page
         self.engine = search
         self.instruction = instruction
         self._score = score
@@ -70,8 +72,8 @@ class ShopSession:
         return self.state.page == SEARCH
 
     def _page_products(self) -> list[dict]:
-        start = (self.state.page_num - 1) * PRODUCT_WINDOW
-        asins = self._results[start : start + PRODUCT_WINDOW]
+        start = (self.state.page_num - 1) * self.results_per_page
+        asins = self._results[start : start + self.results_per_page]
         return [p for p in (self.store.get(a) for a in asins) if p is not None]
 
     def _product(self) -> dict:

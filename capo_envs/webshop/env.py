@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..core.env import Outcome, TextEnv
 from ..core.paths import DataNotPreparedError, dataset_dir, is_prepared
 from ..core.protocol import Action
-from .engine import BUY_NOW, DONE, ITEM, NEXT_PAGE, PREV_PAGE, RESULTS, SUB, BACK_TO_SEARCH, Purchase, ShopSession
+from .engine import (
+    BACK_TO_SEARCH, BUY_NOW, DONE, ITEM, NEXT_PAGE, PREV_PAGE, PRODUCT_WINDOW, RESULTS, SUB, Purchase, ShopSession,
+)
 from .nouns import get_tagger
 from .products import SPLIT_RANGES, split_goals
 from .protocol import TOOLS, WebShopProtocol
@@ -38,6 +41,13 @@ SIZES = {"small": "webshop-small", "full": "webshop"}  # the prepared sizes and 
 GOAL_KINDS = ("human", "synthetic")
 CAPO_SUCCESS_REWARD, CAPO_INVALID_PENALTY = 10.0, 0.1
 NO_OPTIONS = -1.0  # r_option in info when the goal has no options (the original's None)
+# The demonstrators expert_action() can play (docs/envs/webshop.md). "goal": the oracle, which pages to the
+# goal's own product (by its ASIN, which the page never names) and clicks the goal's options. "first": clicks
+# the first result of its search, what a reader of the page can do, then the goal's options. "first-random-
+# options": the same product, then one option value per group drawn at random (fixed per task): a
+# demonstrator that never reads which options the instruction asks for.
+EXPERT_MODES = ("goal", "first", "first-random-options")
+MAX_PAGE_TURNS = 4  # the oracle pages at most this far (all of a 50-hit search at 10 a page), else searches the title
 
 
 class ShopEnv(TextEnv):
@@ -63,11 +73,17 @@ class ShopEnv(TextEnv):
         action_format: str = "plain",
         max_context_chars: int | None = None,
         render_mode: str | None = None,
+        expert_mode: str = "goal",
+        results_per_page: int = PRODUCT_WINDOW,
     ):
         if importlib.util.find_spec("thefuzz") is None:
             raise ImportError("WebShop's reward needs thefuzz: pip install 'capo-gym[webshop]'")
         if reward not in REWARDS:
             raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
+        if expert_mode not in EXPERT_MODES:
+            raise ValueError(f"expert_mode must be one of {EXPERT_MODES}, got {expert_mode!r}")
+        if isinstance(results_per_page, bool) or not isinstance(results_per_page, int) or results_per_page < 1:
+            raise ValueError(f"results_per_page must be a positive int, got {results_per_page!r}")
         if invalid_penalty is None:
             invalid_penalty = CAPO_INVALID_PENALTY if reward == "capo" else 0.0
         protocol = WebShopProtocol(TOOLS, action_format=action_format)
@@ -79,7 +95,7 @@ class ShopEnv(TextEnv):
         if not goals:
             raise ValueError("this split has no goals")
         self.store, self.search_engine, self.goals = store, search, list(goals)
-        self.reward_kind = reward
+        self.reward_kind, self.expert_mode, self.results_per_page = reward, expert_mode, results_per_page
         self.tagger = get_tagger(noun_tagger)
         self._ids = [f"{task_prefix}-{goal_offset + i}" for i in range(len(self.goals))]
         self._index = {task_id: i for i, task_id in enumerate(self._ids)}
@@ -93,7 +109,8 @@ class ShopEnv(TextEnv):
 
     def _start(self, task_id: str) -> tuple[str, dict[str, Any]]:
         self._goal = self.goals[self._index[task_id]]
-        self._session = ShopSession(self.store, self.search_engine, self._goal["instruction_text"], self._score)
+        self._session = ShopSession(self.store, self.search_engine, self._goal["instruction_text"], self._score,
+                                    results_per_page=self.results_per_page)
         self._parts = None
         return self._session.observation(), {"instruction": self._goal["instruction_text"]}
 
@@ -177,25 +194,33 @@ class ShopEnv(TextEnv):
         return " ".join([*goal.get("attributes", []), goal.get("query", "")]).strip().lower()
 
     def expert_action(self) -> str | None:
-        """Search the goal's key terms, page to the target product, click the goal's options, buy.
+        """Search the goal's key terms, open a product, click options, buy (``expert_mode`` says which).
 
-        If the target is not among the hits, search again with its title (it then ranks first)."""
+        "goal" pages to the target product; if the target is not among the hits, it searches again with its
+        title (it then ranks first). The "first" modes click the first hit on page 1."""
         if self._done or self._session is None or self._goal is None:
             return None
         session, goal = self._session, self._goal
         state, target = session.state, goal["asin"]
         render = self.protocol.render
+        by_goal = self.expert_mode == "goal"
         if state.page == SUB:
             return render(Action("click", {"value": PREV_PAGE.lower()}))
-        if state.page == ITEM and state.asin != target:
+        if state.page == ITEM and by_goal and state.asin != target:
             return render(Action("click", {"value": PREV_PAGE.lower()}))
         if state.page == ITEM:
-            for value in self._options_to_click(state.options):
+            for value in self._options_to_click(state.asin, state.options):
                 return render(Action("click", {"value": value}))
             return render(Action("click", {"value": BUY_NOW.lower()}))
+        if state.page == RESULTS and not by_goal and session._results:
+            if state.page_num > 1:
+                return render(Action("click", {"value": PREV_PAGE.lower()}))
+            return render(Action("click", {"value": session._results[0]}))
         if state.page == RESULTS and target in session._results:
             rank = session._results.index(target)
-            want_page = rank // 10 + 1
+            want_page = rank // self.results_per_page + 1
+            if abs(want_page - state.page_num) > MAX_PAGE_TURNS:  # short pages: its title is nearer
+                return render(Action("search", {"keywords": self._target_title()}))
             if want_page == state.page_num:
                 return render(Action("click", {"value": target}))  # as the page shows it (the protocol lower-cases)
             return render(Action("click", {"value": (NEXT_PAGE if want_page > state.page_num else PREV_PAGE).lower()}))
@@ -210,10 +235,15 @@ class ShopEnv(TextEnv):
         product = self.store.get(self._goal["asin"]) if self._goal else None
         return (product or {}).get("Title", "").lower() or self.oracle_query()
 
-    def _options_to_click(self, selected: Mapping[str, str]) -> list[str]:
-        """The option values the goal asks for that are not selected yet."""
-        product = self.store.get(self._goal["asin"]) or {}
+    def _options_to_click(self, asin: str, selected: Mapping[str, str]) -> list[str]:
+        """The option values of product ``asin`` still to click: those the goal asks for, or in
+        ``expert_mode="first-random-options"`` one per group drawn at random (the same draw for a task every
+        time, so that the demonstrations of a task agree)."""
+        product = self.store.get(asin) or {}
         groups: Mapping[str, Sequence[str]] = product.get("options", {})
+        if self.expert_mode == "first-random-options":
+            return [random.Random(f"{self._task_id}:{name}").choice(list(values))
+                    for name, values in groups.items() if values and name not in selected]
         wanted = self._goal["goal_options"]
         clicks = []
         if isinstance(wanted, Mapping):
