@@ -32,14 +32,14 @@ NEW_TOKENS = 12
 
 
 def test_capo_train_runs_with_vllm_rollouts_on_cpu(tmp_path):
-    """The README's command, cut to two iterations of four episodes, with rollout.backend=vllm device=cpu:
-    the engine samples both rollouts, is synced after each update, and its log-probs are the actor's
-    within the gap the trainer logs. First in the file: its process holds a trainer and an engine, better not
-    beside the module's engine."""
+    """The README's command with rollout.backend=vllm device=cpu, cut to two iterations of four three-door
+    episodes: the engine samples both rollouts, is synced after each update, and its log-probs are the
+    actor's within the gap the trainer logs. First in the file: its process holds a trainer and an engine,
+    better not beside the module's engine."""
     out = tmp_path / "run"
     command = [sys.executable, "-m", "capo_train.cli", "train", "--out", str(out), "rollout.backend=vllm",
-               "device=cpu", "iterations=2", "rollout.tasks_per_batch=2", "rollout.group_size=2",
-               "rollout.max_action_tokens=24", "sft.episodes=2", "eval_every=0", "eval_episodes=0",
+               "device=cpu", "iterations=2", "env.kwargs={k: 3}", "rollout.tasks_per_batch=2", "rollout.group_size=2",
+               "rollout.max_action_tokens=16", "sft.episodes=2", "eval_every=0", "eval_episodes=0",
                "log_tensorboard=false", "record_every=0"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})

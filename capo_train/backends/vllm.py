@@ -150,6 +150,14 @@ class VLLMBackend:
             llm_kwargs.setdefault("enforce_eager", True)
             if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
                 llm_kwargs.setdefault("kv_cache_memory_bytes", int(CPU_KV_CACHE_GIB * 2**30))
+            # A prompt prefilled in chunks has the tokens sampled after its partial chunks discarded, and vLLM
+            # then rewinds the request's generator, which a CPU generator cannot do ("CPU Generator does not use
+            # offset"): every request here has a seed, so a batch of long prompts would crash. Whole prompts
+            # only, then: the step budget must hold the longest.
+            if "enable_chunked_prefill" not in llm_kwargs:
+                llm_kwargs["enable_chunked_prefill"] = False
+                longest = llm_kwargs.get("max_model_len") or _context_length(path)
+                llm_kwargs["max_num_batched_tokens"] = max(longest, llm_kwargs.get("max_num_batched_tokens") or 0)
         llm = LLM(model=str(path), dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                   logprobs_mode="processed_logprobs", **llm_kwargs)
         return cls(llm, tokenizer)
@@ -223,6 +231,13 @@ class VLLMBackend:
                     model.unmerge_adapter()
         if hasattr(self.llm, "reset_prefix_cache"):
             self.llm.reset_prefix_cache()
+
+
+def _context_length(path: str) -> int:
+    """The model's own context, which vLLM takes as ``max_model_len`` when none is given."""
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(str(path), local_files_only=True).max_position_embeddings)
 
 
 def _on_cpu() -> bool:
