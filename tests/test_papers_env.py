@@ -309,3 +309,16 @@ def test_capo_retrievers_over_the_same_papers():
     assert reward == 0.5 and "[2001.00001]" in obs
     recall = statistics.mean(m["recall_all"] for m in expert_metrics(make(split="dev", retriever="bm25")))
     assert recall >= 0.9
+
+
+def test_synthscholar_envs_share_one_database_and_closing_one_keeps_it_for_the_others():
+    """A trainer makes an env per episode slot; filling the medium world's database took seconds per env.
+    Envs of one (seed, size) read one database, and one env's close() does not close it for the rest."""
+    first, second = gym.make("capo/SynthScholar-v0", size="tiny"), gym.make("capo/SynthScholar-v0", size="tiny", split="dev")
+    other_seed = gym.make("capo/SynthScholar-v0", size="tiny", seed=1)
+    assert first.unwrapped.db._db is second.unwrapped.db._db
+    assert other_seed.unwrapped.db._db is not first.unwrapped.db._db
+    first.close()
+    second.reset(seed=0)
+    _, reward, *_ , info = second.step(second.unwrapped.expert_action())
+    assert info["action_valid"] and info["new_papers"] > 0
