@@ -116,10 +116,19 @@ def test_synthhouse_random_action_is_a_tagged_admissible_command():
     env.close()
 
 
-def test_an_env_without_finite_actions_has_no_random_action():
+def test_qa_random_action_is_a_guess_from_the_passages_seen():
+    """QA's actions are free text: before a search there is no random action (the expert searches), after
+    one it answers a capitalised word or number of the passages seen, which ends the episode."""
     env = gym.make("capo/SynthHop-v0", split="train", size="tiny")
     env.reset(seed=0)
-    assert env.unwrapped.random_action(random.Random(0)) is None
+    rng = random.Random(0)
+    assert env.unwrapped.random_action(rng) is None
+    passages, *_ = env.step(env.unwrapped.expert_action())
+    guesses = {env.unwrapped.random_action(rng) for _ in range(50)}
+    words = {g.removeprefix("<answer>").removesuffix("</answer>") for g in guesses}
+    assert len(words) > 3 and all(w in passages and (w[0].isupper() or w.isdigit()) for w in words)
+    _, _, terminated, _, info = env.step(guesses.pop())
+    assert terminated and info["action_valid"] and info["action"]["name"] == "answer"
 
 
 @needs_webshop

@@ -8,6 +8,7 @@ finding the supporting passages; ``info["metrics"]["em"]`` stays the benchmark's
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -20,6 +21,10 @@ from .protocol import make_qa_protocol
 from .task import QATask
 
 NO_ANSWER = "unknown"  # what the oracle answers when its searches missed a gold passage
+
+
+# What a guesser answers with: a name's capitalised word or a number, as the passages read.
+GUESS_WORD = re.compile(r"\b(?:[A-Z][a-z]+|[0-9]+)\b")
 
 
 def format_passages(hits: Sequence[Hit], max_chars: int | None) -> str:
@@ -81,6 +86,7 @@ class MultiHopQAEnv(TextEnv):
         self._task: QATask | None = None
         self._searched: list[str] = []
         self._seen_titles: set[str] = set()
+        self._seen_guesses: list[str] = []
         self._answer: str | None = None
 
     # --- TextEnv hooks ---------------------------------------------------------------------------------
@@ -89,7 +95,7 @@ class MultiHopQAEnv(TextEnv):
 
     def _start(self, task_id: str) -> tuple[str, dict[str, Any]]:
         self._task = self.tasks[task_id]
-        self._searched, self._seen_titles = [], set()
+        self._searched, self._seen_titles, self._seen_guesses = [], set(), []
         self._answer = None
         observation = f"Question: {self._task.question}"
         if self.forced_first_search:
@@ -137,6 +143,14 @@ class MultiHopQAEnv(TextEnv):
         answer = task.answers[0] if found_all else NO_ANSWER
         return self.protocol.render(Action("answer", {"answer": answer}))
 
+    def random_action(self, rng) -> str | None:
+        """A guess: answer with a capitalised word or a number drawn from the passages seen so far (the
+        answers are names and years, so a guess is sometimes right); None before any search, when the
+        expert acts. Free-text searches are never drawn."""
+        if self._task is None or self._done or not self._seen_guesses:
+            return None
+        return self.protocol.render(Action("answer", {"answer": rng.choice(self._seen_guesses)}))
+
     def close(self) -> None:
         if self.retriever is not None:
             self.retriever.close()
@@ -147,7 +161,9 @@ class MultiHopQAEnv(TextEnv):
         hits = self.retriever.search([query], self.k)[0]
         self._searched.append(query)
         self._seen_titles.update(h.title for h in hits)
-        return format_passages(hits, self.max_passage_chars)
+        observation = format_passages(hits, self.max_passage_chars)
+        self._seen_guesses.extend(w for h in hits for w in GUESS_WORD.findall(h.text) if w not in self._seen_guesses)
+        return observation
 
 
 def corpus_paths(dataset: str, corpus: str, retriever: str) -> tuple[Path, Path]:
