@@ -626,7 +626,16 @@ def worker_build(kind: str, corpus_dir: Path, index_dir: Path, threads: int) -> 
     build_cpu_s = time.process_time() - cpu0 + _children_cpu_s() - child0  # Lucene indexes in a java child
     rss_built = _rss_mb()
     t0 = time.perf_counter()
-    index.save(index_dir)
+    fresh = getattr(index, "_owned_tmpdir", None)
+    if fresh is not None and Path(index.index_dir).parent == Path(fresh):
+        # a fresh PISA or Lucene build is a temp dir on the same disk: moved (a rename), not copied by
+        # save(), which at 21M would hold the index and its ~14 GB of passages twice on disk
+        index_dir.parent.mkdir(parents=True, exist_ok=True)
+        import shutil
+
+        shutil.move(str(index.index_dir), str(index_dir))
+    else:
+        index.save(index_dir)
     save_s = time.perf_counter() - t0
     index.close()
     own_peak, child_peak = _peak_rss_mb()
