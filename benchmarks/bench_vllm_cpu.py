@@ -15,7 +15,10 @@ other processes falls on both alike; ``uptime``'s load is printed beside every r
 - long prompts: ``--long-prompts`` prompts of ``--prompt-tokens`` random ordinary tokens, ``--new-tokens``
   new tokens each, one generate call: prefill-heavy, as a late turn of a long episode.
 
-The ratio printed is vLLM's tokens/s over HF's, the median of the per-round ratios. The gap: the actor's
+The ratio printed is vLLM's tokens/s over HF's, the median of the per-round ratios. Each workload is also
+counted in tokens per CPU-second of this process (``time.process_time`` around every ``generate`` call, all
+its threads): on a shared machine a niced benchmark waits for the CPU more or less from one call to the next,
+which wall-clock tokens/s takes in and CPU time does not (with ``--threads 1`` it is the cost a token). The gap: the actor's
 log-probs (the training pass, ``scored_logp`` at the rollout's temperature) of the tokens vLLM sampled in
 the rollout workload, against vLLM's own: what ``rollout/logprob_gap_*`` logs when the trainer recomputes
 them (docs/vllm.md). Both backends run float32 with all of torch's threads (``--threads`` to change).
@@ -57,18 +60,37 @@ def reset(backend: VLLMBackend) -> VLLMBackend:
     return backend
 
 
+class Timed:
+    """A backend whose ``generate`` calls add up their wall-clock and CPU seconds (this process, all threads):
+    the rollout's env steps fall outside both."""
+
+    def __init__(self, backend):
+        self.backend, self.wall, self.cpu = backend, 0.0, 0.0
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+    def generate(self, *args, **kwargs):
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            return self.backend.generate(*args, **kwargs)
+        finally:
+            self.wall += time.perf_counter() - wall
+            self.cpu += time.process_time() - cpu
+
+
 def rollout_round(backend, envs, tokenizer, settings, episodes: int, seed: int):
-    timings: dict[str, float] = {}
-    trajectories = collect(envs, backend, tokenizer, settings, tasks_per_batch=episodes, group_size=1, seed=seed,
-                           timings=timings)
+    """Generated tokens, the wall and CPU seconds of the generate calls, and the trajectories."""
+    timed = Timed(backend)
+    trajectories = collect(envs, timed, tokenizer, settings, tasks_per_batch=episodes, group_size=1, seed=seed)
     tokens = sum(len(a.action_ids) for t in trajectories for a in t.actions)
-    return tokens, timings["generate_s"], trajectories
+    return tokens, timed.wall, timed.cpu, trajectories
 
 
 def long_round(backend, prompts, new_tokens: int, seed: int):
-    start = time.perf_counter()
-    generations = backend.generate(prompts, stop=[], max_new_tokens=new_tokens, seed=seed)
-    return sum(len(g.token_ids) for g in generations), time.perf_counter() - start
+    timed = Timed(backend)
+    generations = timed.generate(prompts, stop=[], max_new_tokens=new_tokens, seed=seed)
+    return sum(len(g.token_ids) for g in generations), timed.wall, timed.cpu
 
 
 def logprob_gap(model, trajectories, temperature: float) -> tuple[float, float, int]:
@@ -160,36 +182,40 @@ def main() -> None:
     for name in backends:  # warm-up: first calls allocate caches and load kernels, at both lengths
         backends[name]().generate([prompts[0][:64], prompts[0]], stop=[], max_new_tokens=4, seed=0)
 
-    results: dict[str, dict[str, list[float]]] = {"rollout": {name: [] for name in backends},
-                                                  "long": {name: [] for name in backends}}
+    # workload -> clock ("wall" or "cpu") -> backend -> tokens a second, one entry a round
+    results = {w: {c: {name: [] for name in backends} for c in ("wall", "cpu")} for w in ("rollout", "long")}
     vllm_trajectories = []
+
+    def record(workload: str, r: int, name: str, tokens: int, wall: float, cpu: float) -> None:
+        results[workload]["wall"][name].append(tokens / wall)
+        results[workload]["cpu"][name].append(tokens / cpu)
+        print(f"round {r} {workload:<7} {name:>4}: {tokens:5d} tokens in {wall:6.1f} s = {tokens / wall:6.1f} "
+              f"tokens/s, {cpu:6.1f} CPU-s = {tokens / cpu:6.1f} tokens/CPU-s ({load()})")
+
     for r in range(args.rounds):
         order = list(backends) if r % 2 == 0 else list(reversed(backends))  # HF, vLLM, then vLLM, HF, ...
         for name in order:
-            tokens, seconds, trajectories = rollout_round(backends[name](), envs, tokenizer, settings, args.episodes,
-                                                          seed=1000 + r)
-            results["rollout"][name].append(tokens / seconds)
-            print(f"round {r} rollout {name:>4}: {tokens:5d} tokens in {seconds:6.1f} s = {tokens / seconds:6.1f} "
-                  f"tokens/s ({load()})")
+            tokens, wall, cpu, trajectories = rollout_round(backends[name](), envs, tokenizer, settings, args.episodes,
+                                                            seed=1000 + r)
+            record("rollout", r, name, tokens, wall, cpu)
             if name == "vllm":
                 vllm_trajectories += trajectories
         for name in order:
-            tokens, seconds = long_round(backends[name](), prompts, args.new_tokens, seed=r)
-            results["long"][name].append(tokens / seconds)
-            print(f"round {r} long    {name:>4}: {tokens:5d} tokens in {seconds:6.1f} s = {tokens / seconds:6.1f} "
-                  f"tokens/s ({load()})")
+            record("long", r, name, *long_round(backends[name](), prompts, args.new_tokens, seed=r))
     for env in envs:
         env.close()
 
-    print(f"\n{'workload':<46} {'HF tok/s':>9} {'vLLM tok/s':>10} {'vLLM/HF':>8}")
+    print(f"\nmedians of {args.rounds} rounds; the ratios are medians of the per-round ratios")
+    print(f"{'workload':<46} {'clock':<6} {'HF tok/s':>9} {'vLLM tok/s':>10} {'vLLM/HF':>8}")
     for workload, what in (("rollout", f"{args.episodes} {args.env} episodes"),
                            ("long", f"{args.long_prompts} x {args.prompt_tokens}-token prompts, +{args.new_tokens}")):
-        hf, vl = results[workload]["hf"], results[workload].get("vllm")
-        if vl is None:
-            print(f"{what:<46} {statistics.median(hf):9.1f}")
-            continue
-        ratio = statistics.median(v / h for h, v in zip(hf, vl))
-        print(f"{what:<46} {statistics.median(hf):9.1f} {statistics.median(vl):10.1f} {ratio:7.2f}x")
+        for clock in ("wall", "cpu"):
+            hf, vl = results[workload][clock]["hf"], results[workload][clock].get("vllm")
+            if vl is None:
+                print(f"{what:<46} {clock:<6} {statistics.median(hf):9.1f}")
+                continue
+            ratio = statistics.median(v / h for h, v in zip(hf, vl))
+            print(f"{what:<46} {clock:<6} {statistics.median(hf):9.1f} {statistics.median(vl):10.1f} {ratio:7.2f}x")
     if args.hf_only:
         return
     mean, worst, count = logprob_gap(model, vllm_trajectories, settings.temperature)
