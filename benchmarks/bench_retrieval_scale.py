@@ -771,7 +771,7 @@ def run(args) -> Path:
         t0 = time.perf_counter()
         meta = write_corpus_files(corpus_dir, n, args.queries, args.seed)
         print(f"corpus {n:,} passages ({meta['tokens']:,} tokens, profile: {meta['profile']}) ready in {time.perf_counter() - t0:.0f}s")
-        for library in runnable:
+        for position, library in enumerate(runnable):
             rows = load_results(results_path)
             if _cell_done(rows, library, n, args.seed) and not args.force:
                 print(f"  {library:<16} n={n:,}: already measured, skipped")
@@ -813,6 +813,11 @@ def run(args) -> Path:
                 print(f"  {library:<16} n={n:,}: build {row['build_s']:.1f}s  p50 {row['single_p50_ms']:.2f} ms  "
                       f"batch {row[f'batch_qps_t{threads[0]}']:.0f} q/s  RSS {row['rss_serving_mb']:.0f} MB  "
                       f"recall@5 {row['recall5']:.3f}  (load avg {row['loadavg_start']:.1f})")
+            if not args.keep_indexes and kind not in {INDEX_OF[e] for e in runnable[position + 1 :]}:
+                # its last library this size: at 21M, PISA's index (~19 GB with its passages) and Lucene's
+                # build (~31 GB while indexing) would not both fit beside the corpus on a 70 GB disk
+                shutil.rmtree(index_dir, ignore_errors=True)
+                build_json.unlink(missing_ok=True)
         if not args.keep_indexes:
             shutil.rmtree(work / "indexes", ignore_errors=True)
     return results_path
