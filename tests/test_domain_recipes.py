@@ -156,13 +156,21 @@ def test_expert_skill_is_checked_by_the_config():
         load_config(overrides=["sft.expert_skill=1.5"])
 
 
-@pytest.mark.parametrize("name", ["synthshop", "synthhouse", "synthscholar"])
+@pytest.mark.parametrize("name", ["synthhop", "synthshop", "synthhouse", "synthscholar"])
 def test_the_domain_recipes_load(name):
     config = load_config(CONFIGS / f"{name}.yaml")
     assert config.model.path.startswith("tiny") != config.model.lora  # a tiny LM is fully fine-tuned
     assert 0 <= config.sft.expert_skill < 1  # the warm start leaves RL something to learn
     assert config.eval_episodes >= 100
     assert config.out_dir == f"runs/capo-{name}"
+
+
+@pytest.mark.parametrize("name", ["synthhop", "synthscholar"])
+def test_a_recipes_held_out_split_holds_its_evaluation(name):
+    """The >= 100 held-out episodes are distinct tasks of the recipe's own preset and split."""
+    config = load_config(CONFIGS / f"{name}.yaml")
+    env = gym.make(config.env.id, split=config.env.eval_split, **config.env.kwargs)
+    assert len(env.unwrapped.task_ids()) >= config.eval_episodes
 
 
 def test_a_tiny_lm_fitted_to_an_env_is_built_once_and_reads_its_text(tmp_path):
