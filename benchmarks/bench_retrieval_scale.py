@@ -67,6 +67,7 @@ and a Zipf head of pseudo-words) is used, and the corpus metadata says so.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -84,6 +85,7 @@ TOPIC_WORDS = 6
 TOPIC_SHARE = 0.2
 PASSAGES_PER_ARTICLE = 3.6
 GUIDE_BUCKETS = 1 << 22  # slices of the guide table that replaces most binary searches (_guided_search)
+RESUME_EVERY = 20  # chunks (200k passages) between write_corpus_files's checkpoints
 GUIDE_MIN_DRAWS = 100_000  # smaller draws search directly: building the table costs ~0.5 s once
 _WORD = re.compile(r"\w+")
 _SYLLABLES = (
@@ -341,7 +343,12 @@ class CorpusGenerator:
 
 def write_corpus_files(folder: Path, n: int, n_queries: int, seed: int = 0, sample: Path | None = SAMPLE) -> dict:
     """Write ``corpus.jsonl`` ({id, title, text}), ``queries.jsonl`` ({query, gold}) and ``meta.json``
-    (written last: a folder with it is complete) into ``folder``; reuse them when already there."""
+    (written last: a folder with it is complete) into ``folder``; reuse them when already there.
+
+    An interrupted run resumes: every ``RESUME_EVERY`` chunks the state so far (the corpus's length in
+    bytes, the queries drawn, their generator's state, the counts for meta.json) goes to ``progress.json``,
+    and a later call with the same arguments truncates the corpus there and goes on, writing the same bytes
+    as an uninterrupted run. On a loaded machine a 21M corpus can take longer than one session."""
     folder = Path(folder)
     meta_path = folder / "meta.json"
     if meta_path.is_file():
@@ -357,9 +364,21 @@ def write_corpus_files(folder: Path, n: int, n_queries: int, seed: int = 0, samp
     queries: list[str | None] = [None] * len(golds)
     q_rng = np.random.default_rng([seed, 11, n])
     vocab: set[int] = set()
-    tokens_total = 0
-    with open(folder / "corpus.jsonl", "wb") as f:
-        for c in range((n + CHUNK - 1) // CHUNK):
+    tokens_total, done_chunks, done_bytes = 0, 0, 0
+    progress_path = folder / "progress.json"
+    key = {"passages": n, "seed": seed, "queries": len(golds), "profile": profile.source}
+    corpus_path = folder / "corpus.jsonl"
+    if progress_path.is_file() and corpus_path.is_file():
+        state = json.loads(progress_path.read_text())
+        if state["key"] == key and corpus_path.stat().st_size >= state["bytes"]:
+            done_chunks, done_bytes, tokens_total = state["chunks"], state["bytes"], state["tokens"]
+            vocab, queries = set(state["vocab"]), state["query_texts"]
+            q_rng.bit_generator.state = state["q_rng"]
+    with open(corpus_path, "r+b" if done_bytes else "wb") as f:
+        f.truncate(done_bytes)
+        f.seek(done_bytes)
+        n_chunks = (n + CHUNK - 1) // CHUNK
+        for c in range(done_chunks, n_chunks):
             first = c * CHUNK
             lines, tokens, starts, topics = gen.chunk_lines(c, first, min(CHUNK, n - first))
             f.write(lines)
@@ -370,6 +389,13 @@ def write_corpus_files(folder: Path, n: int, n_queries: int, seed: int = 0, samp
             for pos in sorted(g for g in gold_set if first <= g < first + len(starts) - 1):
                 i = pos - first
                 queries[gold_set[pos]] = gen.query(q_rng, tokens[starts[i] : starts[i + 1]], topics[i])
+            if (c + 1) % RESUME_EVERY == 0 and c + 1 < n_chunks:
+                f.flush()
+                os.fsync(f.fileno())  # the bytes the checkpoint counts are on disk before it is
+                state = {"key": key, "chunks": c + 1, "bytes": f.tell(), "tokens": tokens_total, "vocab": sorted(vocab),
+                         "query_texts": queries, "q_rng": q_rng.bit_generator.state}
+                progress_path.with_suffix(".tmp").write_text(json.dumps(state))
+                os.replace(progress_path.with_suffix(".tmp"), progress_path)
     with open(folder / "queries.jsonl", "w", encoding="utf-8") as f:
         for q, g in zip(queries, golds):
             f.write(json.dumps({"query": q, "gold": str(int(g))}) + "\n")
@@ -377,6 +403,7 @@ def write_corpus_files(folder: Path, n: int, n_queries: int, seed: int = 0, samp
             "tail_exponent": round(profile.tail_exponent, 3), "tokens": tokens_total,
             "distinct_ranks_in_1_of_97_passages": len(vocab), **{k: v for k, v in profile.info.items() if not k.startswith("_")}}
     meta_path.write_text(json.dumps(meta, indent=1))
+    progress_path.unlink(missing_ok=True)
     return meta
 
 

@@ -223,6 +223,36 @@ def test_fast_corpus_lines_are_the_string_path_byte_for_byte():
     assert np.array_equal(fast._guided_search(cdf, u), np.searchsorted(cdf, u * cdf[-1], side="right"))
 
 
+def test_interrupted_corpus_resumes_to_the_same_files(tmp_path, monkeypatch):
+    """A 21M corpus may outlast a session on a loaded machine: a rerun resumes from the last checkpoint and
+    writes what an uninterrupted run writes (corpus, queries, meta)."""
+    whole = tmp_path / "whole"
+    scale.write_corpus_files(whole, 25_000, 40, seed=2, sample=None)
+    monkeypatch.setattr(scale, "RESUME_EVERY", 1)
+    real = scale.CorpusGenerator.chunk_lines
+
+    class Killed(Exception):
+        pass
+
+    def dies_at_chunk_2(self, index, *args):
+        if index == 2:
+            raise Killed
+        return real(self, index, *args)
+
+    monkeypatch.setattr(scale.CorpusGenerator, "chunk_lines", dies_at_chunk_2)
+    resumed = tmp_path / "resumed"
+    with pytest.raises(Killed):
+        scale.write_corpus_files(resumed, 25_000, 40, seed=2, sample=None)
+    assert (resumed / "progress.json").is_file() and not (resumed / "meta.json").exists()
+    with open(resumed / "corpus.jsonl", "ab") as f:
+        f.write(b'{"id": "half a line')  # what a kill in the middle of a write leaves
+    monkeypatch.setattr(scale.CorpusGenerator, "chunk_lines", real)
+    scale.write_corpus_files(resumed, 25_000, 40, seed=2, sample=None)
+    for name in ("corpus.jsonl", "queries.jsonl", "meta.json"):
+        assert (resumed / name).read_bytes() == (whole / name).read_bytes()
+    assert not (resumed / "progress.json").exists()
+
+
 def test_generated_corpus_has_realistic_shape(generated):
     passages, queries, golds = generated
     lengths = [len(p.text.split()) for p in passages]
