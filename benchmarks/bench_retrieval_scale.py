@@ -292,24 +292,9 @@ class CorpusGenerator:
         return b"".join(parts), tokens, starts[: count + 1], topics[article_of[:count]]
 
     def chunk(self, index: int) -> tuple[list[str], list[str], list[np.ndarray], np.ndarray]:
-        """Chunk ``index``: titles, texts, token ranks per passage, topic-word ranks per passage."""
-        rng = np.random.default_rng([self.seed, index])
-        p = self.profile
-        article_sizes = []
-        while sum(article_sizes) < CHUNK:
-            article_sizes.append(int(rng.geometric(1.0 / PASSAGES_PER_ARTICLE)))
-        n_articles = len(article_sizes)
-        article_of = np.repeat(np.arange(n_articles), article_sizes)[:CHUNK]
-        topics = self._draw(rng, self._content_cdf, (n_articles, TOPIC_WORDS), CONTENT_RANK)
-        title_lens = rng.choice(p.title_lengths, n_articles)
-        lengths = rng.choice(p.text_lengths, CHUNK)
-        starts = np.zeros(CHUNK + 1, dtype=np.int64)
-        np.cumsum(lengths, out=starts[1:])
-        tokens = self._draw(rng, p.cdf, int(starts[-1]))
-        passage_of_token = np.repeat(np.arange(CHUNK), lengths)
-        topical = rng.random(len(tokens)) < TOPIC_SHARE
-        pick = rng.integers(0, TOPIC_WORDS, len(tokens))
-        tokens[topical] = topics[article_of[passage_of_token[topical]], pick[topical]]
+        """Chunk ``index``: titles, texts, token ranks per passage, topic-word ranks per passage. The string
+        path, which ``chunk_lines`` reproduces byte for byte from the same draws."""
+        n_articles, article_of, topics, title_lens, starts, tokens = self._chunk_ranks(index)
         unique, inverse = np.unique(tokens, return_inverse=True)
         strings = np.array([self.word(int(r)) for r in unique], dtype=object)[inverse]
         titles_by_article = [" ".join(self.word(int(r)) for r in topics[a, : title_lens[a]]).title() for a in range(n_articles)]
