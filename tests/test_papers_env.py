@@ -148,6 +148,44 @@ def test_search_then_expand_finds_the_hidden_gold_paper():
     assert {"precision_25", "recall_50", "f1_100", "f1_all", "refused_calls", "steps"} <= set(m)
 
 
+def test_pool_handles_name_papers_in_pool_order_and_expand_takes_them():
+    env = hand_env(paper_handles="pool")
+    assert "<expand>handle</expand>" in env.protocol.instructions and "such as P1" in env.protocol.instructions
+    env.reset(seed=0)
+    obs, reward, *_ = env.step("<search>sparse attention summarization</search>")
+    # handles follow the order papers joined the pool (the search's), the pool view its scores
+    assert "[P1] (0.67) Sparse attention for translation" in obs and "[P2] (1.00) Sparse attention for summ" in obs
+    assert "2001.000" not in obs and reward == 0.5
+    obs, reward, *_, info = env.step("<expand>p2</expand>")  # case-insensitive
+    assert info["action_valid"] and reward == 0.5 and "[Expand] P2:" in obs and "Expanded: P2" in obs
+    assert "[P11] (0.33) Varnex summarization" in obs  # the hidden gold paper, next handle
+    assert env.step("<expand>P2</expand>")[1] == -0.5  # already expanded
+
+
+@pytest.mark.parametrize("paper_id", ["P0", "P99", "P", "P-1", "P\u00b2", "P 1x", "2001.00099", ""])
+def test_pool_handles_refuse_what_names_no_pool_paper(paper_id):
+    env = hand_env(paper_handles="pool")
+    env.reset(seed=0)
+    env.step("<search>sparse attention summarization</search>")
+    obs, reward, terminated, truncated, info = env.step(f"<expand>{paper_id}</expand>")
+    assert not terminated and not truncated
+    assert reward == -0.5 or not info["action_valid"]  # refused call, or (empty) a malformed action
+    assert env._counts["expands"] == 0
+
+
+def test_pool_handles_still_take_an_arxiv_id_and_the_oracle_names_handles():
+    env = hand_env(paper_handles="pool")
+    env.reset(seed=0)
+    env.step("<search>sparse attention summarization</search>")
+    assert env.step("<expand>2001.00001</expand>")[1] == 0.5  # a pool paper's arXiv id still works
+    oracle = make(size="small", split="dev", paper_handles="pool")
+    arxiv = make(size="small", split="dev")
+    with_handles = expert_metrics(oracle)
+    assert [m["recall_all"] for m in with_handles] == [m["recall_all"] for m in expert_metrics(arxiv)]
+    with pytest.raises(ValueError, match="paper_handles"):
+        hand_env(paper_handles="short")
+
+
 def test_refused_calls_cost_the_penalty_and_the_rest_still_runs():
     env = hand_env(invalid_call_penalty=0.5)
     env.reset(seed=0)

@@ -6,7 +6,7 @@ from ..core.paths import is_prepared
 from ..core.registry import EnvCard
 
 _ACTIONS = ("up to 5 of <search>query</search> | <expand>arXiv id</expand> per turn, or <stop></stop> "
-            "(or Hermes <tool_call> with action_format='tool_call')")
+            "(or Hermes <tool_call> with action_format='tool_call'; paper_handles='pool' names papers P1, P2, ...)")
 _REWARD = ("reward='gold' (default): 1/|gold| per newly found gold paper; 'selector': per call the top-3 selector "
            "scores of new papers (the paper's); 'mix'; -0.5 per repeated query or bad expand")
 _METRICS = "success (= recall_all), precision/recall/f1 at all, 100, 50, 25, pool_size, searches, expands"

@@ -10,6 +10,11 @@ An episode: a scholarly query. Each action holds up to ``max_calls`` (5) calls:
   papers without an abstract dropped, scored and pooled the same way;
 * ``stop`` alone ends the episode (``terminated``); the step budget (``max_steps``, 5) truncates it.
 
+Papers are named by their arXiv id (PaSa's protocol). ``paper_handles="pool"`` names each pool paper by a
+short handle instead, ``P1``, ``P2``, ... in the order it joined the pool (stable within an episode), and
+``expand`` takes that handle (or still an arXiv id): a CPU preset for small models, which copy a 3-token
+handle where they miscopy a 10-digit id (SmolLM2 wrote the year printed beside it).
+
 A repeated query, or expanding a paper that is not in the pool or was expanded already, is refused and
 costs ``invalid_call_penalty`` (0.5, the paper's value); the action's other calls still run. A malformed
 action is invalid as a whole (TextEnv's rule: feedback, ``invalid_penalty``, nothing runs).
@@ -34,6 +39,7 @@ shows everything), as PaSa restricts its searches to before the source paper. ``
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -51,6 +57,7 @@ from .world import PaperTask
 REWARDS = ("gold", "selector", "mix")
 TOP_SCORES = 3  # the CAPO reward sums the top-3 scores of a call's new papers
 EXPERT_MODES = ("full", "search")
+PAPER_HANDLES = ("arxiv", "pool")
 
 
 @dataclass
@@ -61,6 +68,10 @@ class PoolEntry:
     origin: str  # the query, or the id of the expanded paper
     order: int
     expanded: bool = False
+
+    @property
+    def handle(self) -> str:
+        return f"P{self.order + 1}"
 
 
 def _query_key(query: str) -> str:
@@ -110,6 +121,7 @@ class PaperSearchEnv(TextEnv):
         retriever: Any = "fts",
         retriever_index: str | None = None,
         expert_mode: str = "full",
+        paper_handles: str = "arxiv",
         max_context_chars: int | None = None,
         render_mode: str | None = None,
     ):
@@ -119,13 +131,16 @@ class PaperSearchEnv(TextEnv):
             raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
         if expert_mode not in EXPERT_MODES:
             raise ValueError(f"expert_mode must be one of {EXPERT_MODES}, got {expert_mode!r}")
+        if paper_handles not in PAPER_HANDLES:
+            raise ValueError(f"paper_handles must be one of {PAPER_HANDLES}, got {paper_handles!r}")
         for name, value in (("max_calls", max_calls), ("search_limit", search_limit), ("pool_view", pool_view)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if not 0.0 <= float(selector_weight) <= 1.0:
             raise ValueError(f"selector_weight must be in [0, 1], got {selector_weight!r}")
         super().__init__(
-            make_paper_protocol(action_format, max_calls=max_calls, stop_without_call=stop_without_call),
+            make_paper_protocol(action_format, max_calls=max_calls, stop_without_call=stop_without_call,
+                                by_handle=paper_handles == "pool"),
             max_steps=max_steps,
             invalid_penalty=invalid_penalty,
             max_context_chars=max_context_chars,
@@ -139,7 +154,7 @@ class PaperSearchEnv(TextEnv):
         self.search_limit, self.citations_limit, self.references_limit = search_limit, citations_limit, references_limit
         self.min_score, self.invalid_call_penalty = float(min_score), float(invalid_call_penalty)
         self.pool_view, self.shown_per_call, self.max_abstract_chars = pool_view, shown_per_call, max_abstract_chars
-        self.use_cutoff, self.expert_mode = use_cutoff, expert_mode
+        self.use_cutoff, self.expert_mode, self.paper_handles = use_cutoff, expert_mode, paper_handles
         self.retriever = _open_retriever(db, retriever, retriever_index)
         self._task: PaperTask | None = None
         self._gold: frozenset[str] = frozenset()
@@ -225,7 +240,7 @@ class PaperSearchEnv(TextEnv):
         for paper in hits:
             entry = self._pool.get(paper.arxiv_id)
             mark = "" if entry is None else f" ({entry.score:.2f})"
-            lines.append(self._paper_line(paper, mark))
+            lines.append(self._paper_line(paper, mark, entry))
         return "\n".join(lines), reward, len(kept)
 
     def _search_papers(self, query: str) -> list[Paper]:
@@ -237,20 +252,33 @@ class PaperSearchEnv(TextEnv):
         kept = [p for p in papers if p is not None and (not self._max_date or p.date <= self._max_date)]
         return kept[: self.search_limit]
 
-    def _expand(self, paper_id: str) -> tuple[str, float, int]:
+    def _pool_entry(self, paper_id: str) -> PoolEntry | None:
+        """The pool paper ``paper_id`` names: an arXiv id, or with ``paper_handles="pool"`` a handle (P3)."""
+        if self.paper_handles == "pool":
+            handle = re.fullmatch(r"[Pp](\d{1,9})", paper_id.strip(), re.ASCII)
+            if handle:
+                order = int(handle.group(1)) - 1
+                return next((e for e in self._pool.values() if e.order == order), None)
         arxiv_id = normalize_arxiv_id(paper_id)
-        entry = self._pool.get(arxiv_id) if arxiv_id else None
+        return self._pool.get(arxiv_id) if arxiv_id else None
+
+    def _name(self, entry: PoolEntry) -> str:
+        return entry.handle if self.paper_handles == "pool" else entry.paper.arxiv_id
+
+    def _expand(self, paper_id: str) -> tuple[str, float, int]:
+        entry = self._pool_entry(paper_id)
         if entry is None:
             return self._refuse(f"[Expand] {paper_id}", "not a paper of your pool")
         if entry.expanded:
             return self._refuse(f"[Expand] {paper_id}", "already expanded")
         entry.expanded = True
         self._counts["expands"] += 1
+        arxiv_id = entry.paper.arxiv_id
         linked = self._linked(arxiv_id)
         kept, reward = self._add(linked, "expand", arxiv_id)
         shown = sorted(kept, key=lambda e: -e.score)[: self.shown_per_call]
-        lines = [f"[Expand] {arxiv_id}: {len(linked)} linked papers, {len(kept)} new in the pool"]
-        lines += [self._paper_line(e.paper, f" ({e.score:.2f})") for e in shown]
+        lines = [f"[Expand] {self._name(entry)}: {len(linked)} linked papers, {len(kept)} new in the pool"]
+        lines += [self._paper_line(e.paper, f" ({e.score:.2f})", e) for e in shown]
         if len(kept) > len(shown):
             lines.append(f"  ... and {len(kept) - len(shown)} more added to the pool")
         return "\n".join(lines), reward, len(kept)
@@ -284,10 +312,13 @@ class PaperSearchEnv(TextEnv):
         return kept, (1 - self.selector_weight) * gold_reward + self.selector_weight * selector_reward
 
     # --- observation text ------------------------------------------------------------------------------
-    def _paper_line(self, paper: Paper, mark: str) -> str:
+    def _paper_line(self, paper: Paper, mark: str, entry: PoolEntry | None) -> str:
+        """One paper of a search or expand result; ``entry`` is its pool entry (None: not pooled, so a
+        handle-named paper shows its arXiv id, which no expand accepts)."""
         authors = ", ".join(paper.authors[:3]) + (" et al." if len(paper.authors) > 3 else "")
         year = paper.year if paper.year is not None else "n.d."
-        line = f"  [{paper.arxiv_id}]{mark} {paper.title} ({year}; {authors or 'unknown authors'})"
+        name = self._name(entry) if entry is not None else paper.arxiv_id
+        line = f"  [{name}]{mark} {paper.title} ({year}; {authors or 'unknown authors'})"
         if self.max_abstract_chars <= 0:  # titles only: short observations for small models
             return line
         abstract = paper.abstract
@@ -303,9 +334,9 @@ class PaperSearchEnv(TextEnv):
         open_ = [e for e in entries if not e.expanded]
         lines = [f"Paper pool: {len(entries)} papers, {len(expanded)} expanded. "
                  f"Top {min(self.pool_view, len(open_))} not yet expanded:"]
-        lines += [f"  [{e.paper.arxiv_id}] ({e.score:.2f}) {e.paper.title}" for e in open_[: self.pool_view]]
+        lines += [f"  [{self._name(e)}] ({e.score:.2f}) {e.paper.title}" for e in open_[: self.pool_view]]
         if expanded:
-            lines.append("Expanded: " + ", ".join(e.paper.arxiv_id for e in expanded[: 3 * self.pool_view]))
+            lines.append("Expanded: " + ", ".join(self._name(e) for e in expanded[: 3 * self.pool_view]))
         return "\n".join(lines)
 
     def random_action(self, rng) -> str | None:
@@ -314,7 +345,7 @@ class PaperSearchEnv(TextEnv):
         if self._task is None or self._done:
             return None
         entries = sorted(self._pool.values(), key=lambda e: (-e.score, e.order))
-        shown = [e.paper.arxiv_id for e in entries if not e.expanded][: self.pool_view]
+        shown = [self._name(e) for e in entries if not e.expanded][: self.pool_view]
         if not shown:
             return None
         picked = rng.sample(shown, rng.randint(1, min(self.protocol.max_calls, len(shown))))
@@ -345,7 +376,7 @@ class PaperSearchEnv(TextEnv):
                            default=None)
                 if best is None or not gains[best] & remaining:
                     break
-                calls.append(Action("expand", {"paper_id": best}))
+                calls.append(Action("expand", {"paper_id": self._name(self._pool[best])}))
                 remaining -= gains[best]
                 candidates.remove(best)
         if not calls:

@@ -27,8 +27,17 @@ SEARCH = ToolSpec("search", "query", "search the paper database; shows the top 1
                                       "authors, abstract) and adds the relevant ones to your pool")
 EXPAND = ToolSpec("expand", "paper_id", "add the papers that cite, and are cited by, a paper of your pool "
                                         "(give its arXiv id)")
+# paper_handles="pool": papers are named by their pool handle (P1, P2, ...) instead of their arXiv id.
+EXPAND_BY_HANDLE = ToolSpec("expand", "paper_id", "add the papers that cite, and are cited by, a paper of your "
+                                                  "pool (give its handle, such as P1)")
 STOP = ToolSpec("stop", "reason", "end the search when your pool holds what the query asks for")
 PAPER_TOOLS = (SEARCH, EXPAND, STOP)
+
+
+def _paper_tools(by_handle: bool) -> tuple[ToolSpec, ...]:
+    return (SEARCH, EXPAND_BY_HANDLE, STOP) if by_handle else PAPER_TOOLS
+
+
 DEFAULT_MAX_CALLS = 5
 
 
@@ -87,9 +96,12 @@ class _MultiCall:
 class PaperTagProtocol(_MultiCall, TagProtocol):
     name = "tags"
 
-    def __init__(self, *, max_calls: int = DEFAULT_MAX_CALLS, stop_without_call: bool = False, **kwargs: Any):
-        super().__init__(PAPER_TOOLS, **kwargs)
+    def __init__(self, *, max_calls: int = DEFAULT_MAX_CALLS, stop_without_call: bool = False,
+                 by_handle: bool = False, **kwargs: Any):
+        super().__init__(_paper_tools(by_handle), **kwargs)
         self.max_calls, self.stop_without_call = max_calls, stop_without_call
+        self.expand_tool = self.tools["expand"]
+        self._id_name = "handle" if by_handle else "arXiv id"
 
     @property
     def _single_stop_strings(self) -> tuple[str, ...]:
@@ -109,7 +121,7 @@ class PaperTagProtocol(_MultiCall, TagProtocol):
 
     @property
     def format_hint(self) -> str:
-        return ("Reply with one or more <search>query</search> or <expand>arXiv id</expand> tags, "
+        return (f"Reply with one or more <search>query</search> or <expand>{self._id_name}</expand> tags, "
                 "or <stop></stop> alone to finish.")
 
     @property
@@ -117,7 +129,7 @@ class PaperTagProtocol(_MultiCall, TagProtocol):
         return "\n".join([
             "You may reason first. Then act with tags:",
             f"<search>query</search>: {SEARCH.description}.",
-            f"<expand>arXiv id</expand>: {EXPAND.description}.",
+            f"<expand>{self._id_name}</expand>: {self.expand_tool.description}.",
             f"<stop></stop>: {STOP.description}; it must be alone.",
             self._calls_line() + " Do not repeat a query or expand a paper twice: that costs a penalty.",
         ])
@@ -126,9 +138,11 @@ class PaperTagProtocol(_MultiCall, TagProtocol):
 class PaperToolCallProtocol(_MultiCall, ToolCallProtocol):
     name = "tool_call"
 
-    def __init__(self, *, max_calls: int = DEFAULT_MAX_CALLS, stop_without_call: bool = False, **kwargs: Any):
-        super().__init__(PAPER_TOOLS, final="stop", **kwargs)
+    def __init__(self, *, max_calls: int = DEFAULT_MAX_CALLS, stop_without_call: bool = False,
+                 by_handle: bool = False, **kwargs: Any):
+        super().__init__(_paper_tools(by_handle), final="stop", **kwargs)
         self.max_calls, self.stop_without_call = max_calls, stop_without_call
+        self.expand_tool = self.tools["expand"]
 
     @property
     def _single_stop_strings(self) -> tuple[str, ...]:
@@ -165,7 +179,7 @@ class PaperToolCallProtocol(_MultiCall, ToolCallProtocol):
     @property
     def instructions(self) -> str:
         lines = ["You may reason first. Then make tool calls:"]
-        for tool in (SEARCH, EXPAND):
+        for tool in (SEARCH, self.expand_tool):
             example = json.dumps({"name": tool.name, "arguments": {tool.arg: "..."}})
             lines.append(f"<tool_call>{example}</tool_call>: {tool.description}.")
         lines.append(f"Or <stop></stop> alone: {STOP.description}.")
