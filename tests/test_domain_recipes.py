@@ -131,6 +131,28 @@ def test_qa_random_action_is_a_guess_from_the_passages_seen():
     assert terminated and info["action_valid"] and info["action"]["name"] == "answer"
 
 
+def test_qa_typed_guess_answers_the_gold_answers_kind():
+    """``guess="typed"``: a number when the gold answer is one, else a name (whole, "Troulir Prirwald"), so
+    the demonstrator's mistake is a plausible wrong answer; an unknown mode is refused."""
+    env = gym.make("capo/SynthHop-v0", split="train", size="small", guess="typed")
+    rng = random.Random(0)
+    kinds = set()
+    for seed in range(40):
+        env.reset(seed=seed)
+        passages, *_ = env.step(env.unwrapped.expert_action())
+        gold = env.unwrapped._task.answers[0]
+        words = {env.unwrapped.random_action(rng).removeprefix("<answer>").removesuffix("</answer>") for _ in range(20)}
+        assert all(w in passages for w in words)
+        if gold.isdigit():
+            assert all(w.isdigit() for w in words)
+        else:
+            assert not any(w.isdigit() for w in words) and all(w.split()[0] not in ("The", "It") for w in words)
+        kinds.add(gold.isdigit())
+    assert kinds == {True, False}  # both kinds of question were drawn
+    with pytest.raises(ValueError, match="guess"):
+        gym.make("capo/SynthHop-v0", split="train", size="tiny", guess="loud")
+
+
 @needs_webshop
 def test_an_erring_demonstrator_errs_and_a_skilled_one_does_not():
     from capo_train.models.tiny import make_tiny_tokenizer

@@ -25,6 +25,11 @@ NO_ANSWER = "unknown"  # what the oracle answers when its searches missed a gold
 
 # What a guesser answers with: a name's capitalised word or a number, as the passages read.
 GUESS_WORD = re.compile(r"\b(?:[A-Z][a-z]+|[0-9]+)\b")
+# A typed guesser's names: runs of capitalised words ("Troulir Prirwald"), less a sentence's first word.
+NAME_RUN = re.compile(r"\b[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*\b")
+NUMBER = re.compile(r"\b[0-9]+\b")
+SENTENCE_OPENERS = frozenset({"The", "It", "Its", "A", "An", "In", "He", "She", "His", "Her", "They", "This"})
+GUESS_MODES = ("word", "typed")
 
 
 def format_passages(hits: Sequence[Hit], max_chars: int | None) -> str:
@@ -46,6 +51,10 @@ class MultiHopQAEnv(TextEnv):
     first observation, as the CAPO recipe does. ``support_reward`` (default 0: outcome reward only, as
     in the benchmarks) is the reward of a search for each supporting passage it shows for the first time:
     a step reward for the hop that found the bridge entity, which an action-level critic can credit.
+    ``guess`` is what ``random_action`` answers (an erring demonstrator's mistake, ``sft.expert_skill``):
+    ``"word"`` any capitalised word or number seen; ``"typed"`` a number seen when the gold answer is a
+    number, else a name seen (a run of capitalised words), so that a guess is the plausible wrong answer
+    of answering before the last hop (the first passage's year), not noise.
     """
 
     def __init__(
@@ -61,8 +70,11 @@ class MultiHopQAEnv(TextEnv):
         forced_first_search: bool = False,
         support_reward: float = 0.0,
         max_context_chars: int | None = None,
+        guess: str = "word",
         render_mode: str | None = None,
     ):
+        if guess not in GUESS_MODES:
+            raise ValueError(f"guess must be one of {GUESS_MODES}, got {guess!r}")
         if not tasks:
             raise ValueError("MultiHopQAEnv needs at least one task")
         if not isinstance(k, int) or k < 1:
@@ -83,10 +95,12 @@ class MultiHopQAEnv(TextEnv):
         self.max_passage_chars = max_passage_chars
         self.forced_first_search = forced_first_search
         self.support_reward = float(support_reward)
+        self.guess = guess
         self._task: QATask | None = None
         self._searched: list[str] = []
         self._seen_titles: set[str] = set()
         self._seen_guesses: list[str] = []
+        self._seen_texts: list[str] = []
         self._answer: str | None = None
 
     # --- TextEnv hooks ---------------------------------------------------------------------------------
@@ -95,7 +109,7 @@ class MultiHopQAEnv(TextEnv):
 
     def _start(self, task_id: str) -> tuple[str, dict[str, Any]]:
         self._task = self.tasks[task_id]
-        self._searched, self._seen_titles, self._seen_guesses = [], set(), []
+        self._searched, self._seen_titles, self._seen_guesses, self._seen_texts = [], set(), [], []
         self._answer = None
         observation = f"Question: {self._task.question}"
         if self.forced_first_search:
@@ -145,11 +159,25 @@ class MultiHopQAEnv(TextEnv):
 
     def random_action(self, rng) -> str | None:
         """A guess: answer with a capitalised word or a number drawn from the passages seen so far (the
-        answers are names and years, so a guess is sometimes right); None before any search, when the
-        expert acts. Free-text searches are never drawn."""
+        answers are names and years, so a guess is sometimes right), or with ``guess="typed"`` a name or
+        number of the gold answer's kind; None before any search, when the expert acts. Free-text searches
+        are never drawn."""
         if self._task is None or self._done or not self._seen_guesses:
             return None
-        return self.protocol.render(Action("answer", {"answer": rng.choice(self._seen_guesses)}))
+        guesses = self._seen_guesses
+        if self.guess == "typed":
+            seen = [n for n in self._typed_guesses() if n]
+            guesses = seen or guesses
+        return self.protocol.render(Action("answer", {"answer": rng.choice(guesses)}))
+
+    def _typed_guesses(self) -> list[str]:
+        """The names (or, for a numeric gold answer, the numbers) in the passages seen so far, in order."""
+        text = " ".join(self._seen_texts)
+        if self._task.answers and self._task.answers[0].strip().isdigit():
+            found = NUMBER.findall(text)
+        else:
+            found = [" ".join(w for w in run.split() if w not in SENTENCE_OPENERS) for run in NAME_RUN.findall(text)]
+        return list(dict.fromkeys(found))
 
     def close(self) -> None:
         if self.retriever is not None:
@@ -163,6 +191,7 @@ class MultiHopQAEnv(TextEnv):
         self._seen_titles.update(h.title for h in hits)
         observation = format_passages(hits, self.max_passage_chars)
         self._seen_guesses.extend(w for h in hits for w in GUESS_WORD.findall(h.text) if w not in self._seen_guesses)
+        self._seen_texts.extend(h.text for h in hits)
         return observation
 
 
