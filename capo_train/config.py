@@ -79,7 +79,9 @@ class RolloutConfig:
     recompute_logprobs: bool | None = None
     # A shared critic's values from the actor's hidden states that an HF rollout records while generating
     # (HFBackend(keep_features)) instead of a critic pass over the whole batch: equal values, and on CPU that
-    # pass cost as much as the rollout (docs/results/performance.md). false: the pass, as before.
+    # pass cost as much as the rollout (docs/results/performance.md). The same for a truncated episode's
+    # bootstrap value V(s_T+1): a prefill of its last observation after the cached episode
+    # (HFBackend.prompt_features), not a pass over the whole episode. false: the passes, as before.
     values_from_rollout: bool = True
 
 

@@ -240,10 +240,17 @@ def _turn(live: list[_Episode], backend: GenerationBackend, rng: random.Random, 
         with _timed(timings, "env_s"):
             results = pool_map(env_pool, lambda pair: pair[0][0].env.step(pair[1].text),
                                list(zip(items, generations)))
+        cut = []  # episodes the env truncated in a state within budget: their bootstrap state's features
         for (ep, prompt), gen, result in zip(items, generations, results):
             if step_episode(ep, prompt, gen.token_ids, gen.logprobs, gen.text, settings.max_prompt_tokens,
                             result=result, features=gen.features):
                 still.append(ep)
+            elif ep.traj.truncated and ep.traj.final_prompt_ids and gen.features is not None:
+                cut.append(ep.traj)
+        if cut:  # now, while the backend still caches the sequences this turn's actions finished
+            with _timed(timings, "generate_s"):
+                for traj, features in zip(cut, backend.prompt_features([t.final_prompt_ids for t in cut])):
+                    traj.final_features = features
     return still
 
 

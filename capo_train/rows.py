@@ -65,7 +65,9 @@ class Trajectory:
     ``terminated`` (the env said the task ended) and ``truncated`` (a step, context or prompt budget ran
     out) is True. ``metrics`` are the env's end-of-episode metrics ({} when the rollout cut the episode).
     ``final_prompt_ids``: when the env truncated the episode, the state after the last action (what the
-    next action would have been sampled from), so a critic can bootstrap V(s_{T+1}); [] otherwise."""
+    next action would have been sampled from), so a critic can bootstrap V(s_{T+1}); [] otherwise.
+    ``final_features``: the actor's ``[H]`` final hidden state at that state's last token, when an HF rollout
+    recorded it (``HFBackend.prompt_features``): a shared critic's bootstrap value without a pass over it."""
 
     traj_id: int
     task_id: str
@@ -76,6 +78,7 @@ class Trajectory:
     metrics: dict[str, float]
     anchors: list[str]
     final_prompt_ids: list[int] = field(default_factory=list)
+    final_features: Any = None
 
 
 @dataclass

@@ -49,11 +49,21 @@ def shift_right(values: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def final_values(model: ActorCritic, trajectories: list[Trajectory], batch: RowBatch, pad_id: int) -> torch.Tensor:
     """``[A]``: V of the state after each action's trajectory's last action, for truncated trajectories
-    (bootstrapping; the authors' code, AgentR1/CAPO arft/core_algos.py, uses 0 here); 0 elsewhere."""
+    (bootstrapping; the authors' code, AgentR1/CAPO arft/core_algos.py, uses 0 here); 0 elsewhere. A shared
+    critic reads them from the hidden states the HF rollout recorded (``Trajectory.final_features``); else
+    (another critic or backend) one pass over each truncated episode's final state."""
     out = torch.zeros(batch.num_actions)
     cut = [i for i, t in enumerate(trajectories) if t.truncated and t.final_prompt_ids]
     if not cut:
         return out
+    if reads_features(model) and all(trajectories[i].final_features is not None for i in cut):
+        # A shared critic reads the hidden states the HF rollout recorded at those states (prompt_features).
+        features = torch.stack([trajectories[i].final_features for i in cut])  # [n, H]
+        last = unwrap(model).critic(features.to(next(model.parameters()).device)).cpu()  # [n]
+        by_traj = dict(zip(cut, last.tolist()))
+        for a, traj in enumerate(batch.traj_index.tolist()):
+            out[a] = by_traj.get(traj, 0.0)
+        return out.to(batch.reward.device)
     prompts = [trajectories[i].final_prompt_ids for i in cut]
     S = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), S), pad_id, dtype=torch.long)

@@ -15,7 +15,7 @@ from capo_train.models import build_actor_critic
 from capo_train.models.logprobs import evaluating
 from capo_train.rollout import RolloutSettings, collect
 from capo_train.rows import action_features, build_rows, gather_actions
-from capo_train.update import reads_features, shift_right, values_from_features
+from capo_train.update import final_values, reads_features, shift_right, values_from_features
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +62,36 @@ def test_features_are_one_per_action_token_and_absent_without_the_flag(actor_cri
     assert generation.features is None
     trajs[0].actions[0].state_features = None  # one action without them: the trainer makes its own pass
     assert action_features(trajs) is None
+
+
+def test_truncated_episodes_bootstrap_values_come_from_the_rollout(actor_critic):
+    """An episode the env truncates records its final state's hidden state (``HFBackend.prompt_features``,
+    a prefill of the final observation after the cached prefix): the bootstrap value read from it equals
+    the critic's pass over the whole final state, and the prefill reused the episode's cached tokens."""
+    model, tokenizer = actor_critic
+    envs = [gym.make("capo/SynthHop-v0", size="tiny", k=1, max_passage_chars=40, max_steps=2) for _ in range(4)]
+    backend = HFBackend(model.actor, tokenizer, batch_size=4, keep_features=True)
+    settings = RolloutSettings(max_action_tokens=12, max_prompt_tokens=4000)
+    trajs = collect(envs, backend, tokenizer, settings, tasks_per_batch=4, group_size=1, seed=5)
+    cut = [t for t in trajs if t.truncated and t.final_prompt_ids]
+    assert cut and all(t.final_features is not None for t in cut)
+    assert all(t.final_features is None for t in trajs if not t.truncated)
+    batch = build_rows(trajs, "packed", backend.pad_id)
+    from_rollout = final_values(model, trajs, batch, backend.pad_id)  # [A]
+    recorded = cut[0].final_features
+    for t in trajs:
+        t.final_features = None  # the critic's own pass over each final state
+    from_pass = final_values(model, trajs, batch, backend.pad_id)
+    assert from_pass.abs().max() > 1e-2  # the head is not flat, and some actions bootstrap
+    torch.testing.assert_close(from_rollout, from_pass, atol=1e-4, rtol=1e-4)
+    # the truncated episodes all ended on the last turn, whose sequences the backend still caches: their
+    # final states prefill only the last action's tail and the final observation
+    before, states = backend.prefilled_tokens, [t.final_prompt_ids for t in cut]
+    backend.prompt_features(states)
+    assert 0 < backend.prefilled_tokens - before < sum(map(len, states)) / 2
+    # without a cached prefix (a fresh backend) the same state gives the same features
+    fresh = HFBackend(model.actor, tokenizer, keep_features=True)
+    torch.testing.assert_close(fresh.prompt_features([cut[0].final_prompt_ids])[0], recorded, atol=1e-4, rtol=1e-4)
+    assert fresh.reused_tokens == 0 and backend.reused_tokens > 0
+    with pytest.raises(RuntimeError, match="keep_features"):
+        HFBackend(model.actor, tokenizer).prompt_features([[1, 2, 3]])

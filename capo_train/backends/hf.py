@@ -133,8 +133,30 @@ class HFBackend:
         return best
 
     @torch.inference_mode()
-    def _generate_batch(self, prompts, stop, max_new_tokens, temperature, greedy, generator, finished) -> list[Generation]:
-        prompts = [list(p) for p in prompts]
+    def prompt_features(self, prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """The final hidden state (``[H]`` float32 each) at each prompt's last position, from a prefill alone
+        that reuses the cached prefixes and leaves them as they are (``keep_features`` only). A truncated
+        episode's last state extends the sequence its last action finished, so a shared critic's bootstrap
+        value V(s_{T+1}) costs the final observation's tokens instead of a pass over the whole episode."""
+        if not self.keep_features:
+            raise RuntimeError("prompt_features needs HFBackend(keep_features=True)")
+        was_training = self.model.training
+        self.model.eval()
+        hook = self._decoder.register_forward_hook(self._keep_last_hidden)
+        try:
+            out: list[torch.Tensor] = []
+            for start in range(0, len(prompts), self.batch_size):
+                self._prefill([list(p) for p in prompts[start : start + self.batch_size]])
+                out += list(self._last_hidden)
+            return out
+        finally:
+            hook.remove()
+            self._last_hidden = None
+            self.model.train(was_training)
+
+    def _prefill(self, prompts: list[list[int]]):
+        """One forward over the prompts' new tokens after their longest cached prefixes; returns the model's
+        output (last position's logits, KV cache), the ``[n, Q + P]`` attention mask and ``[n, P]`` positions."""
         n = len(prompts)
         reused = [self._longest_prefix(p) if self.reuse_prefixes else None for p in prompts]
         past = [len(r.tokens) if r else 0 for r in reused]  # tokens whose KV is reused, per prompt
@@ -165,6 +187,13 @@ class HFBackend:
             logits_to_keep=1,  # only the last position's logits: [n, 1, V], not [n, P, V]
             **kwargs,
         )
+        return out, attention_mask, position_ids
+
+    @torch.inference_mode()
+    def _generate_batch(self, prompts, stop, max_new_tokens, temperature, greedy, generator, finished) -> list[Generation]:
+        prompts = [list(p) for p in prompts]
+        n = len(prompts)
+        out, attention_mask, position_ids = self._prefill(prompts)
         logits, cache = out.logits[:, -1], out[self._cache_arg]  # [n, V]
         next_pos = position_ids[:, -1] + 1  # [n]
         active = list(range(n))  # prompt index of each row still in the batch
