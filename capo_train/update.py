@@ -56,25 +56,22 @@ def final_values(model: ActorCritic, trajectories: list[Trajectory], batch: RowB
     cut = [i for i, t in enumerate(trajectories) if t.truncated and t.final_prompt_ids]
     if not cut:
         return out
+    device = next(model.parameters()).device
     if reads_features(model) and all(trajectories[i].final_features is not None for i in cut):
         # A shared critic reads the hidden states the HF rollout recorded at those states (prompt_features).
         features = torch.stack([trajectories[i].final_features for i in cut])  # [n, H]
-        last = unwrap(model).critic(features.to(next(model.parameters()).device)).cpu()  # [n]
-        by_traj = dict(zip(cut, last.tolist()))
-        for a, traj in enumerate(batch.traj_index.tolist()):
-            out[a] = by_traj.get(traj, 0.0)
-        return out.to(batch.reward.device)
-    prompts = [trajectories[i].final_prompt_ids for i in cut]
-    S = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), S), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(prompts), S, dtype=torch.long)
-    for r, p in enumerate(prompts):
-        ids[r, : len(p)], mask[r, : len(p)] = torch.tensor(p), 1
-    device = next(model.parameters()).device
-    ids, mask = ids.to(device), mask.to(device)
-    with evaluating(model):
-        values = model(ids, mask, need_values=True, need_logp=False).values  # [n, S]
-    last = values[torch.arange(len(prompts), device=device), mask.sum(1) - 1].cpu()  # [n]
+        last = unwrap(model).critic(features.to(device)).cpu()  # [n]
+    else:
+        prompts = [trajectories[i].final_prompt_ids for i in cut]
+        S = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), S), pad_id, dtype=torch.long)
+        mask = torch.zeros(len(prompts), S, dtype=torch.long)
+        for r, p in enumerate(prompts):
+            ids[r, : len(p)], mask[r, : len(p)] = torch.tensor(p), 1
+        ids, mask = ids.to(device), mask.to(device)
+        with evaluating(model):
+            values = model(ids, mask, need_values=True, need_logp=False).values  # [n, S]
+        last = values[torch.arange(len(prompts), device=device), mask.sum(1) - 1].cpu()  # [n]
     by_traj = dict(zip(cut, last.tolist()))
     for a, traj in enumerate(batch.traj_index.tolist()):
         out[a] = by_traj.get(traj, 0.0)
