@@ -58,26 +58,3 @@ def test_clear_prefixes_forgets(tiny):
     assert backend._prefixes
     backend.clear_prefixes()
     assert backend._prefixes == []
-
-
-def test_a_batchs_shared_instructions_are_prefilled_once(tiny):
-    """Prompts that start alike (one system prompt, many questions) prefill their common prefix once; the
-    tokens and log-probs are those of prefilling each prompt whole."""
-    model, tokenizer = tiny
-    head = list(range(5, 45))  # 40 shared tokens
-    prompts = [head + [60 + i, 70 + i, 80] for i in range(4)]
-    results = {}
-    for reuse in (False, True):
-        backend = HFBackend(model, tokenizer, batch_size=2, reuse_prefixes=reuse)
-        results[reuse] = (backend.generate(prompts, stop=[], max_new_tokens=5, greedy=True), backend.prefilled_tokens)
-    (whole, whole_prefilled), (shared, shared_prefilled) = results[False], results[True]
-    assert whole_prefilled == sum(map(len, prompts))
-    assert shared_prefilled == len(head) + 3 * len(prompts)  # the head once, then each prompt's tail
-    for a, b in zip(whole, shared):
-        assert a.token_ids == b.token_ids
-        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
-    # prompts with less in common than MIN_SHARED_PREFIX are prefilled whole
-    backend = HFBackend(model, tokenizer, batch_size=2)
-    short = [[5, 6, 7, 60 + i] for i in range(3)]
-    backend.generate(short, stop=[], max_new_tokens=2, greedy=True)
-    assert backend.prefilled_tokens == sum(map(len, short)) and backend.reused_tokens == 0

@@ -46,9 +46,6 @@ class _Prefix:
         return cls(tokens, kv)
 
 
-MIN_SHARED_PREFIX = 16  # tokens: below this a shared prefill saves less than its own forward costs
-
-
 class HFBackend:
     """Generate with ``model`` (a ``*ForCausalLM``) and ``tokenizer`` (for EOS, padding and decoding).
 
@@ -105,8 +102,6 @@ class HFBackend:
         finished: list[_Prefix] = []
         hook = self._decoder.register_forward_hook(self._keep_last_hidden) if self._decoder is not None else None
         try:
-            if self.reuse_prefixes:
-                self._share_common_prefix(prompts)
             out: list[Generation] = []
             for start in range(0, len(prompts), self.batch_size):
                 chunk = prompts[start : start + self.batch_size]
@@ -127,25 +122,6 @@ class HFBackend:
     def clear_prefixes(self) -> None:
         """Forget the cached prefixes (needed if the model's weights changed since the last call)."""
         self._prefixes = []
-
-    @torch.inference_mode()
-    def _share_common_prefix(self, prompts: Sequence[Sequence[int]]) -> None:
-        """Prefill once the longest prefix that the prompts with no cached prefix share (the system prompt
-        and protocol of a batch's first turn, or of an evaluation's episodes) and cache it, so that each of
-        them prefills only what follows it, instead of every prompt re-reading the same instructions."""
-        fresh = [list(p) for p in prompts if self._longest_prefix(list(p)) is None]
-        if len(fresh) < 2:
-            return
-        n = min(map(len, fresh)) - 1  # a strict prefix of each: every prompt keeps at least one new token
-        first = fresh[0]
-        for p in fresh[1:]:
-            n = next((i for i in range(n) if p[i] != first[i]), n)
-        if n < MIN_SHARED_PREFIX:
-            return
-        out = self.model(input_ids=torch.tensor([first[:n]], device=self.device), use_cache=True, logits_to_keep=1)
-        mask = torch.ones(1, n, dtype=torch.long, device=self.device)
-        self._prefixes.append(_Prefix.of_row(first[:n], out[self._cache_arg], mask, 0))
-        self.prefilled_tokens += n
 
     def _longest_prefix(self, prompt: list[int]) -> _Prefix | None:
         """The longest cached sequence that is a strict prefix of ``prompt`` (at least one new token)."""
