@@ -219,3 +219,27 @@ def test_a_tiny_lm_fitted_to_an_env_is_built_once_and_reads_its_text(tmp_path):
         assert len(tokenizer(fixed, add_special_tokens=False)["input_ids"]) == 1, fixed
     text = env.unwrapped.expert_action()
     assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
+
+
+def test_the_synthscholar_table_grid_runs_the_recipe_for_every_algorithm():
+    """docs/results/domains/synthscholar/grid.yaml is the algorithm table on configs/synthscholar.yaml: its capo
+    cell is the recipe run (same env, model, warm start, budget and evaluation), and every algorithm spends the
+    same episodes an iteration."""
+    from capo_train.compare import cell_config, check_grid, grid_envs, load_grid
+    from capo_train.config import batch_shape, to_dict
+
+    grid = load_grid(CONFIGS.parent / "docs/results/domains/synthscholar/grid.yaml")
+    check_grid(grid)
+    (env,) = grid_envs(grid)
+    recipe = load_config(CONFIGS / "synthscholar.yaml")
+    cell = cell_config(grid, env, "capo", 0)
+    recipe_dict, cell_dict = to_dict(recipe), to_dict(cell)
+    for settings in (recipe_dict, cell_dict):  # where it is written, and the batch shape checked below
+        settings.pop("out_dir")
+        for key in ("group_size", "tasks_per_batch"):
+            settings["rollout"].pop(key)
+    assert cell_dict == recipe_dict
+    assert batch_shape(cell) == batch_shape(recipe) == (16, 1)
+    for algo in grid.algos:
+        tasks, group = batch_shape(cell_config(grid, env, algo, 0))
+        assert tasks * group == recipe.rollout.episodes_per_batch
