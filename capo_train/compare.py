@@ -21,7 +21,7 @@ import copy
 import csv
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -324,7 +324,7 @@ def train_cell(config: TrainConfig, threads: int | None = None, progress_tag: st
 def _run_parallel(grid: GridConfig, command: str | None, pending: list, jobs: int) -> None:
     import multiprocessing
     import os
-    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+    from concurrent.futures import ProcessPoolExecutor
 
     threads = max(1, (os.cpu_count() or 1) // jobs)
     # spawn, not fork: a forked child would inherit the parent's torch thread pools and locks.
@@ -333,16 +333,25 @@ def _run_parallel(grid: GridConfig, command: str | None, pending: list, jobs: in
         for where, config in pending:
             futures[pool.submit(train_cell, config, threads)] = where
             print(f"{where}: queued", flush=True)
-        remaining = set(futures)
-        while remaining:
-            finished, remaining = wait(remaining, return_when=FIRST_EXCEPTION)
-            for future in finished:
-                if future.exception() is not None:
-                    for other in remaining:
-                        other.cancel()
-                    raise future.exception()
-                print(f"{futures[future]}: finished", flush=True)
-            write_results(grid, command)
+        drain(futures, lambda: write_results(grid, command))
+
+
+def drain(futures: dict, after_each: Callable[[], Any]) -> None:
+    """Wait for ``futures`` ({future: label}), printing each as it finishes and calling ``after_each`` then, so
+    that results.md shows a grid's finished cells while the others still train (a grid of 45-minute cells
+    used to print nothing until the last one ended). The first failure cancels the queued cells and raises."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    remaining = set(futures)
+    while remaining:
+        finished, remaining = wait(remaining, return_when=FIRST_COMPLETED)
+        for future in finished:
+            if future.exception() is not None:
+                for other in remaining:
+                    other.cancel()
+                raise future.exception()
+            print(f"{futures[future]}: finished", flush=True)
+        after_each()
 
 
 # ----------------------------------------------------------------------------- results

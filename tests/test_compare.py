@@ -8,12 +8,13 @@ import io
 import json
 import shutil
 import statistics
+import threading
 from pathlib import Path
 
 import pytest
 import yaml
 
-from capo_train.compare import GridConfig, cell_config, cell_dir, grid_envs, load_grid, run_grid
+from capo_train.compare import GridConfig, cell_config, cell_dir, drain, grid_envs, load_grid, run_grid
 from capo_train.compare_report import columns, markdown_table, run_metrics, summarise_seeds
 from capo_train.report import read_log
 from capo_train.cli import main
@@ -149,6 +150,32 @@ def test_parallel_jobs_train_the_missing_cells_like_a_serial_run(grid_run, tmp_p
             for key in ("rollout/episodes", "rollout/success", "rollout/tokens_generated", "eval/success"):
                 assert a[key] == b[key], (algo, seed, key)
             assert b["actor/entropy"] == pytest.approx(a["actor/entropy"], rel=1e-4)  # thread-count rounding only
+
+
+def test_parallel_cells_are_reported_as_each_finishes_not_when_all_have():
+    """A fast cell's results are written while a slow one still trains, and a failure still stops the grid."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    slow_may_end = threading.Event()
+    reports = []
+    with ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(slow_may_end.wait, 30)
+        fast = pool.submit(lambda: None)
+
+        def after_each():  # the first report comes while the slow cell is still running
+            reports.append(slow.done())
+            slow_may_end.set()
+
+        with contextlib.redirect_stdout(io.StringIO()) as stdout:
+            drain({slow: "slow", fast: "fast"}, after_each)
+    assert reports[0] is False and stdout.getvalue().splitlines()[0] == "fast: finished"
+    assert stdout.getvalue().count(": finished") == 2
+
+    def fail():
+        raise RuntimeError("cell failed")
+
+    with ThreadPoolExecutor(1) as pool, pytest.raises(RuntimeError, match="cell failed"):
+        drain({pool.submit(fail): "bad"}, lambda: None)
 
 
 def test_a_finished_grid_rerun_with_other_settings_is_refused(grid_run):
