@@ -245,20 +245,26 @@ class ActorCritic(nn.Module):
         chunk: int = LOGP_CHUNK,
         recompute: bool = False,
         temperature: float = 1.0,
+        frozen_states: Tensor | None = None,
     ) -> ModelOutput:
         """``input_ids``/``attention_mask`` ``[R, S]`` -> ``ModelOutput`` of ``[R, S]`` tensors.
 
         ``need_logp=False`` is the critic-only pass: a separate critic skips the actor entirely; a shared
         critic with a detached backbone runs the backbone without autograd. ``logp_mask``, ``chunk``,
-        ``recompute`` and ``temperature``: see ``lm_logp``.
+        ``recompute`` and ``temperature``: see ``lm_logp``. ``frozen_states`` ``[R, S, H]``: the actor's
+        hidden states entering its first trainable layer, recorded by the rollout (``final_hidden``); the
+        actor then runs only its trainable layers (a separate critic still runs its whole backbone).
         """
         out = ModelOutput()
         hidden = None
         if need_logp:
+            if frozen_states is not None:
+                hidden = final_hidden(self.actor, input_ids, attention_mask, frozen_states)
             out.logp, out.entropy, hidden = lm_logp(
                 self.actor,
                 input_ids,
                 attention_mask,
+                hidden=hidden,
                 logp_mask=logp_mask,
                 need_entropy=need_entropy,
                 chunk=chunk,
@@ -273,7 +279,7 @@ class ActorCritic(nn.Module):
             else:
                 if hidden is None:
                     with torch.set_grad_enabled(torch.is_grad_enabled() and not self.critic.detach_backbone):
-                        hidden = final_hidden(self.actor, input_ids, attention_mask)
+                        hidden = final_hidden(self.actor, input_ids, attention_mask, frozen_states)
                 out.values = self.critic(hidden)
         return out
 

@@ -52,12 +52,64 @@ def _causal_lm(model: nn.Module) -> nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def final_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """``[R, S, H]`` last hidden states of a causal LM (after its final norm), without the LM head."""
+def final_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor,
+                 frozen_states: Tensor | None = None) -> Tensor:
+    """``[R, S, H]`` last hidden states of a causal LM (after its final norm), without the LM head.
+
+    ``frozen_states`` ``[R, S, H]``: the hidden states entering the first trainable decoder layer, as the
+    rollout recorded them (:func:`frozen_prefix_layers`); only the trainable layers then run."""
     decoder = _causal_lm(model).get_decoder()
+    if frozen_states is not None:
+        return _trainable_layers_hidden(decoder, frozen_states, attention_mask)
     out = decoder(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
     )
+    return out.last_hidden_state
+
+
+# Decoders whose forward feeds ``inputs_embeds`` to the first layer unchanged (no embedding scale, as Gemma
+# has) and runs ``self.layers`` in order with one mask and one rotary embedding for all: for them the
+# decoder's own forward, given the frozen layers' output as ``inputs_embeds`` and only the trainable
+# layers, is the second half of a full forward. Only Llama (SmolLM2) is tested (tests/test_frozen_prefix.py).
+FROZEN_PREFIX_MODEL_TYPES = ("llama",)
+
+
+def frozen_prefix_layers(model: nn.Module) -> int | None:
+    """How many leading decoder layers of ``model`` (a causal LM, optionally peft-wrapped) nothing trains:
+    LoRA on the last N layers (``model.lora_last_layers``) freezes the others, so their output for a token
+    sequence is the same in the rollout and in the update, and the update may start from the rollout's
+    record of it (``rollout.frozen_layers_from_rollout``). None when that does not hold: no frozen layer
+    (LoRA everywhere), trainable embeddings, an untested architecture, or dropout in the attention (whose
+    train-mode output would differ from the rollout's eval-mode one)."""
+    inner = _causal_lm(model)
+    config = getattr(inner, "config", None)
+    if getattr(config, "model_type", None) not in FROZEN_PREFIX_MODEL_TYPES or getattr(config, "attention_dropout", 0):
+        return None
+    decoder = inner.get_decoder()
+    if any(p.requires_grad for p in decoder.embed_tokens.parameters()):
+        return None
+    for i, layer in enumerate(decoder.layers):
+        if any(p.requires_grad for p in layer.parameters()):
+            return i or None
+    return None  # nothing trainable in the decoder
+
+
+def _trainable_layers_hidden(decoder: nn.Module, frozen_states: Tensor, attention_mask: Tensor) -> Tensor:
+    """The decoder's forward from its first trainable layer on: the decoder runs with ``layers`` cut to the
+    trainable ones and the frozen layers' output as ``inputs_embeds``, so that the causal mask, positions,
+    rotary embeddings and gradient checkpointing are the decoder's own, not a copy of them."""
+    k = frozen_prefix_layers(decoder)
+    if k is None:
+        raise ValueError("frozen_states given, but the model has no frozen leading layers (frozen_prefix_layers)")
+    if frozen_states.shape[:2] != attention_mask.shape:
+        raise ValueError(f"frozen_states {tuple(frozen_states.shape)} do not match the rows {tuple(attention_mask.shape)}")
+    layers = decoder.layers
+    decoder.layers = nn.ModuleList(list(layers)[k:])  # restored below; the parameters stay where they are
+    try:
+        out = decoder(inputs_embeds=frozen_states, attention_mask=attention_mask,
+                      position_ids=position_ids(attention_mask))
+    finally:
+        decoder.layers = layers
     return out.last_hidden_state
 
 
@@ -172,4 +224,5 @@ def scored_logp(
     return torch.cat(parts)
 
 
-__all__ = ["LOGP_CHUNK", "ModelOutput", "evaluating", "final_hidden", "lm_logp", "position_ids", "scored_logp"]
+__all__ = ["LOGP_CHUNK", "ModelOutput", "evaluating", "final_hidden", "frozen_prefix_layers", "lm_logp", "position_ids",
+           "scored_logp"]
