@@ -40,6 +40,11 @@ class Generation:
                    state before each generated token (row 0 at the prompt's last token, row j at token j).
                    A value head on the actor's features reads V(s_t) and the per-token values from these,
                    so the trainer skips its critic pass over the batch (``update.values_from_features``).
+    frozen_states: ``[len(prompt) + len(token_ids) - 1, H]`` in the model's dtype, only from
+                   ``HFBackend(keep_frozen_states=True)`` on a model with frozen leading layers: the hidden
+                   state entering the first trainable layer at every position the backend fed (the prompt,
+                   then every generated token but the last, which nothing reads). The update runs only the
+                   trainable layers from these (``rollout.frozen_layers_from_rollout``).
     """
 
     token_ids: list[int]
@@ -47,6 +52,7 @@ class Generation:
     text: str
     finish_reason: str
     features: Any = None
+    frozen_states: Any = None
 
 
 class GenerationBackend(Protocol):

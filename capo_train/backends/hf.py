@@ -16,6 +16,13 @@ Features (``keep_features=True``): the decoder's final hidden state at the promp
 every fed-back token is what a value head on the actor's features reads, so each :class:`Generation` can
 carry them (``[L, H]``) at no extra compute; the trainer then skips its critic pass over the whole batch,
 which on CPU cost as much as the rollout itself.
+
+Frozen-layer states (``keep_frozen_states=True``): with LoRA on the last layers only, the first
+``frozen_prefix_layers(model)`` decoder layers never change, so their output for a token is the same in the
+rollout and in the update. The backend keeps the hidden state entering the first trainable layer at every
+position it feeds (a pre-hook on that layer, in the prefill and in each decode step; a reused prefix brings
+its own), and each :class:`Generation` carries them for its whole sequence, prompt included, so the update
+runs only the trainable layers (``rollout.frozen_layers_from_rollout``).
 """
 
 from __future__ import annotations
@@ -26,24 +33,28 @@ from typing import Sequence
 
 import torch
 
+from ..models.logprobs import frozen_prefix_layers
 from .base import Generation, check_generate_args
 
 
 @dataclass
 class _Prefix:
-    """A finished sequence's tokens and its KV cache (per layer ``(keys, values)``, each ``[H, len, D]``)."""
+    """A finished sequence's tokens and its KV cache (per layer ``(keys, values)``, each ``[H, len, D]``);
+    ``states``: the ``[len, H]`` hidden states entering the first trainable layer (``keep_frozen_states``)."""
 
     tokens: list[int]
     kv: list[tuple[torch.Tensor, torch.Tensor]]
+    states: torch.Tensor | None = None
 
     @classmethod
-    def of_row(cls, tokens: list[int], cache, attention_mask: torch.Tensor, row: int) -> "_Prefix":
+    def of_row(cls, tokens: list[int], cache, attention_mask: torch.Tensor, row: int,
+               states: torch.Tensor | None = None) -> "_Prefix":
         real = attention_mask[row].bool()  # [S]: the row's real positions, in order
         kv = [(layer.keys[row][:, real[: layer.keys.shape[2]]].clone(),
                layer.values[row][:, real[: layer.values.shape[2]]].clone()) for layer in cache.layers]
         if kv and kv[0][0].shape[1] != len(tokens):
             raise RuntimeError(f"KV cache holds {kv[0][0].shape[1]} positions for {len(tokens)} tokens")
-        return cls(tokens, kv)
+        return cls(tokens, kv, states)
 
 
 class HFBackend:
@@ -54,7 +65,7 @@ class HFBackend:
     """
 
     def __init__(self, model, tokenizer, *, batch_size: int = 16, reuse_prefixes: bool = True,
-                 keep_features: bool = False):
+                 keep_features: bool = False, keep_frozen_states: bool = False):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -74,6 +85,10 @@ class HFBackend:
         self._config = inner.config  # for building KV caches of reused prefixes
         self._decoder = inner.get_decoder() if keep_features else None
         self._last_hidden: torch.Tensor | None = None  # [rows, H]: the decoder's last position, per forward
+        # keep_frozen_states: the first trainable layer (None: no frozen layers, nothing to keep) and its
+        # input in the last forward, [rows, positions, H]
+        self.frozen_layers = frozen_prefix_layers(model) if keep_frozen_states else None
+        self._frozen_input: torch.Tensor | None = None
         params = inspect.signature(inner.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
@@ -101,6 +116,10 @@ class HFBackend:
         self.model.eval()
         finished: list[_Prefix] = []
         hook = self._decoder.register_forward_hook(self._keep_last_hidden) if self._decoder is not None else None
+        frozen_hook = None
+        if self.frozen_layers is not None:
+            layer = self._inner().get_decoder().layers[self.frozen_layers]
+            frozen_hook = layer.register_forward_pre_hook(self._keep_frozen_input, with_kwargs=True)
         try:
             out: list[Generation] = []
             for start in range(0, len(prompts), self.batch_size):
@@ -108,9 +127,10 @@ class HFBackend:
                 out += self._generate_batch(chunk, list(stop), max_new_tokens, temperature, greedy, generator, finished)
             return out
         finally:
-            if hook is not None:
-                hook.remove()
-            self._last_hidden = None
+            for h in (hook, frozen_hook):
+                if h is not None:
+                    h.remove()
+            self._last_hidden = self._frozen_input = None
             self.model.train(was_training)
             self._prefixes = finished if self.reuse_prefixes else []
 
@@ -118,6 +138,13 @@ class HFBackend:
         """Forward hook on the decoder: keep its final hidden state at the last position, ``[rows, H]``."""
         hidden = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
         self._last_hidden = hidden[:, -1].float()
+
+    def _keep_frozen_input(self, module, args, kwargs) -> None:
+        """Forward pre-hook on the first trainable layer: keep its input hidden states, ``[rows, P, H]``."""
+        self._frozen_input = args[0] if args else kwargs["hidden_states"]
+
+    def _inner(self):
+        return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
 
     def clear_prefixes(self) -> None:
         """Forget the cached prefixes (needed if the model's weights changed since the last call)."""
@@ -156,7 +183,8 @@ class HFBackend:
 
     def _prefill(self, prompts: list[list[int]]):
         """One forward over the prompts' new tokens after their longest cached prefixes; returns the model's
-        output (last position's logits, KV cache), the ``[n, Q + P]`` attention mask and ``[n, P]`` positions."""
+        output (last position's logits, KV cache), the ``[n, Q + P]`` attention mask, ``[n, P]`` positions and
+        the reused prefix of each prompt (None where none)."""
         n = len(prompts)
         reused = [self._longest_prefix(p) if self.reuse_prefixes else None for p in prompts]
         past = [len(r.tokens) if r else 0 for r in reused]  # tokens whose KV is reused, per prompt
@@ -187,14 +215,25 @@ class HFBackend:
             logits_to_keep=1,  # only the last position's logits: [n, 1, V], not [n, P, V]
             **kwargs,
         )
-        return out, attention_mask, position_ids
+        return out, attention_mask, position_ids, reused
 
     @torch.inference_mode()
     def _generate_batch(self, prompts, stop, max_new_tokens, temperature, greedy, generator, finished) -> list[Generation]:
         prompts = [list(p) for p in prompts]
         n = len(prompts)
-        out, attention_mask, position_ids = self._prefill(prompts)
+        out, attention_mask, position_ids, reused = self._prefill(prompts)
         logits, cache = out.logits[:, -1], out[self._cache_arg]  # [n, V]
+        # states[b]: pieces of the hidden states entering the first trainable layer at each position sequence b
+        # fed so far ([len, H] each): the reused prefix's, the prefill's new positions (left-padded: the
+        # last ones of the row), then one per decode step. None when it cannot be whole (a reused prefix
+        # recorded without them).
+        states: list[list[torch.Tensor] | None] = [None] * n
+        if self.frozen_layers is not None:
+            for b, (p, r) in enumerate(zip(prompts, reused)):
+                if r is None or r.states is not None:
+                    new = len(p) - (len(r.tokens) if r else 0)
+                    states[b] = ([r.states] if r else []) + [self._frozen_input[b, self._frozen_input.shape[1] - new :]]
+        finished_states: list[torch.Tensor | None] = [None] * n  # states[b] joined: [len(prompt) + len(tokens) - 1, H]
         next_pos = position_ids[:, -1] + 1  # [n]
         active = list(range(n))  # prompt index of each row still in the batch
         # features[b][j]: the final hidden state before token j of sequence b ([H] each; keep_features only)
@@ -225,8 +264,11 @@ class HFBackend:
                 elif len(tokens[b]) < max_new_tokens:
                     keep.append(row)
                     continue
+                if states and states[b] is not None:  # every position fed: the prompt and all but the last token
+                    finished_states[b] = torch.cat(states[b]) if len(states[b]) > 1 else states[b][0].clone()
                 if self.reuse_prefixes:  # its KV covers the prompt and every token but the last sampled
-                    finished.append(_Prefix.of_row(prompts[b] + tokens[b][:-1], cache, attention_mask, row))
+                    finished.append(_Prefix.of_row(prompts[b] + tokens[b][:-1], cache, attention_mask, row,
+                                                   finished_states[b]))
             if not keep:
                 break
             if len(keep) < len(active):  # drop finished rows from the batch and the KV cache
@@ -247,10 +289,14 @@ class HFBackend:
             if self.keep_features:
                 for b, h in zip(active, self._last_hidden):
                     features[b].append(h)
+            if self.frozen_layers is not None:
+                for b, h in zip(active, self._frozen_input):  # h: [1, H], the token just fed
+                    if states[b] is not None:
+                        states[b].append(h)
 
         return [
             Generation(ids, lps, self.tokenizer.decode(ids, skip_special_tokens=True), reason,
-                       torch.stack(features[b]) if self.keep_features else None)
+                       torch.stack(features[b]) if self.keep_features else None, finished_states[b])
             for b, (ids, lps, reason) in enumerate(zip(tokens, logprobs, finish))
         ]
 
