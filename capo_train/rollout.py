@@ -243,7 +243,7 @@ def _turn(live: list[_Episode], backend: GenerationBackend, rng: random.Random, 
         cut = []  # episodes the env truncated in a state within budget: their bootstrap state's features
         for (ep, prompt), gen, result in zip(items, generations, results):
             if step_episode(ep, prompt, gen.token_ids, gen.logprobs, gen.text, settings.max_prompt_tokens,
-                            result=result, features=gen.features):
+                            result=result, features=gen.features, frozen_states=gen.frozen_states):
                 still.append(ep)
             elif ep.traj.truncated and ep.traj.final_prompt_ids and gen.features is not None:
                 cut.append(ep.traj)
@@ -290,15 +290,19 @@ def reset_env(env: gym.Env, task_id: str, *, seed: int) -> tuple[Any, dict]:
 
 def step_episode(
     ep: _Episode, prompt: list[int], token_ids: list[int], logprobs: list[float], text: str, max_prompt_tokens: int,
-    result: tuple | None = None, features: Any = None,
+    result: tuple | None = None, features: Any = None, frozen_states: Any = None,
 ) -> bool:
     """Send one action to the env and record it (prompt, tokens, log-probs, reward, the observation's tokens
     or the episode's end); returns whether the episode goes on. ``result``: the ``env.step(text)`` tuple of a
     step already made (by an env pool), instead of stepping here. ``features``: the backend's ``[L, H]``
-    hidden states before each action token (``Generation.features``), kept on the record."""
+    hidden states before each action token (``Generation.features``), kept on the record; ``frozen_states``:
+    its hidden states entering the first trainable layer (``Generation.frozen_states``), likewise."""
     obs, reward, terminated, truncated, info = ep.env.step(text) if result is None else result
     record = ActionRecord(prompt_ids=prompt, action_ids=token_ids, old_logprobs=logprobs, reward=float(reward),
-                          action_valid=bool(info.get("action_valid", True)), obs_ids=[], state_features=features)
+                          action_valid=bool(info.get("action_valid", True)), obs_ids=[], state_features=features,
+                          frozen_states=frozen_states)
+    if frozen_states is not None and ep.traj.actions:
+        _share_frozen_states(ep.traj.actions, record)
     ep.traj.actions.append(record)
     ep.traj.anchors.append(ep.obs)
     if terminated or truncated:
@@ -312,6 +316,27 @@ def step_episode(
     record.obs_ids = ep.state.advance(token_ids, text, _text(obs, ep.env, "step"))
     ep.obs = obs
     return True
+
+
+def _share_frozen_states(earlier: list[ActionRecord], record: ActionRecord) -> None:
+    """With concatenated states, ``record``'s prompt starts with the previous action's prompt and action, so
+    the previous action's frozen-layer states become a view of ``record``'s, and so do those of the actions
+    before it that were views of the previous one's: an episode then holds one ``[tokens, H]`` tensor instead
+    of one per turn (O(T) memory, not O(T^2)), and each action's last token, which its own generate call never
+    fed, gets its state too. The values are the same: the backend reused the previous states as the cached
+    prefix, or recomputed the same tokens through the same frozen layers (float rounding apart). Window
+    states rebuild the prompt, so nothing is shared there."""
+    prev = earlier[-1]
+    if prev.frozen_states is None:
+        return
+    n = len(prev.prompt_ids) + len(prev.action_ids)
+    if record.frozen_states.shape[0] < n or record.prompt_ids[:n] != prev.prompt_ids + prev.action_ids:
+        return
+    storage = prev.frozen_states.untyped_storage().data_ptr()  # the tensor the earlier views share
+    for a in earlier[:-1]:
+        if a.frozen_states is not None and a.frozen_states.untyped_storage().data_ptr() == storage:
+            a.frozen_states = record.frozen_states[: a.frozen_states.shape[0]]
+    prev.frozen_states = record.frozen_states[:n]
 
 
 def rollout_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:

@@ -47,6 +47,10 @@ class ActionRecord:
                   concatenated states, ``next.prompt_ids == prompt_ids + action_ids + obs_ids``.
     state_features: ``[len(action_ids), H]`` hidden states of the actor before each action token, when the
                   backend recorded them (``HFBackend(keep_features=True)``); None otherwise. In memory only.
+    frozen_states: ``[n, H]`` hidden states entering the actor's first trainable layer at the first ``n``
+                  tokens of ``prompt_ids + action_ids``, ``n`` = all of them, or all but the last action
+                  token (the backend never feeds it; nothing reads what the layers make of it), when the
+                  backend recorded them (``HFBackend(keep_frozen_states=True)``); None otherwise. In memory only.
     """
 
     prompt_ids: list[int]
@@ -56,6 +60,7 @@ class ActionRecord:
     action_valid: bool
     obs_ids: list[int]
     state_features: Any = None
+    frozen_states: Any = None
 
 
 @dataclass(kw_only=True)
@@ -105,6 +110,11 @@ class RowBatch:
     action_valid   [A] bool      the env parsed the action.
     action_id      [A] long      the action's index in the batch build_rows made; kept by minibatches, so
                                  per-action targets computed on the whole batch can be indexed with it.
+    frozen_states  R x [n_r, H]  optional (None: absent), a list, not a tensor: per row, the hidden states
+                                 entering the actor's first trainable layer that the rollout recorded
+                                 (:func:`row_frozen_states`), unpadded and where the rollout left them
+                                 (concatenated-state rows share them); :func:`pad_frozen_states` pads a
+                                 mini-batch's. Not moved by :meth:`to`.
     """
 
     input_ids: Tensor
@@ -123,6 +133,7 @@ class RowBatch:
     anchor: Tensor
     action_valid: Tensor
     action_id: Tensor
+    frozen_states: list[Tensor] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -133,7 +144,8 @@ class RowBatch:
         return self.boundary_row.shape[0]
 
     def to(self, device) -> RowBatch:
-        return RowBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "frozen_states"}
+        return RowBatch(**moved, frozen_states=self.frozen_states)
 
 
 def _row_spans(traj: Trajectory, layout: str) -> list[tuple[list[int], list[int]]]:
@@ -244,6 +256,38 @@ def action_features(trajectories: list[Trajectory]) -> list[Tensor] | None:
     return features
 
 
+def row_frozen_states(trajectories: list[Trajectory], layout: str) -> list[Tensor] | None:
+    """Each row's frozen-layer states (``ActionRecord.frozen_states``) in :func:`build_rows`'s row order, or
+    None unless every row has them for all its tokens but at most the last (the update then runs the
+    whole actor, as it does for a backend that records none: vLLM, OpenAI).
+
+    A row is ``prompt_ids + action_ids`` of one action (per_action) or of a trajectory's last action
+    (packed, = the whole episode): the very tokens the backend was given and sampled, whatever the state
+    builder, so the recorded states line up with it position by position."""
+    out = []
+    for traj in trajectories:
+        if not traj.actions:
+            continue
+        records = traj.actions if layout == "per_action" else traj.actions[-1:]
+        for a in records:
+            n = len(a.prompt_ids) + len(a.action_ids)
+            if a.frozen_states is None or a.frozen_states.shape[0] not in (n - 1, n):
+                return None
+            out.append(a.frozen_states)
+    return out or None
+
+
+def pad_frozen_states(states: list[Tensor], S: int, device=None) -> Tensor:
+    """``R x [n_r, H]`` -> ``[R, S, H]`` right-padded with zeros, like the rows. A row's last token may have
+    no state (the backend never feeds the last sampled token): its zeros go through the trainable layers
+    to an output at that position only (attention is causal), which no log-prob, entropy or value reads
+    (position s - 1 predicts token s; V(s_t) is read before each action token)."""
+    out = states[0].new_zeros(len(states), S, states[0].shape[-1], device=device)
+    for r, x in enumerate(states):
+        out[r, : x.shape[0]] = x[:S]
+    return out
+
+
 def token_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:
     """``[R, S, V]`` logits, ``[R, S]`` ids -> ``[R, S]`` with ``out[:, s] = log p(input_ids[:, s] | < s)``.
 
@@ -291,7 +335,8 @@ def select_rows(batch: RowBatch, rows: Tensor) -> RowBatch:
     per_action = {
         f.name: getattr(batch, f.name)[kept]
         for f in fields(batch)
-        if f.name not in ("input_ids", "attention_mask", "action_index", "boundary_row", "old_logp", "action_mask")
+        if f.name not in ("input_ids", "attention_mask", "action_index", "boundary_row", "old_logp", "action_mask",
+                          "frozen_states")
     }
     return RowBatch(
         input_ids=batch.input_ids[rows, :S],
@@ -300,6 +345,7 @@ def select_rows(batch: RowBatch, rows: Tensor) -> RowBatch:
         boundary_row=new_row[batch.boundary_row[kept]],
         old_logp=batch.old_logp[kept, :L],
         action_mask=batch.action_mask[kept, :L],
+        frozen_states=[batch.frozen_states[r] for r in rows.tolist()] if batch.frozen_states is not None else None,
         **per_action,
     )
 
