@@ -83,6 +83,14 @@ class RolloutConfig:
     # bootstrap value V(s_T+1): a prefill of its last observation after the cached episode
     # (HFBackend.prompt_features), not a pass over the whole episode. false: the passes, as before.
     values_from_rollout: bool = True
+    # With LoRA on the last layers only (model.lora_last_layers), the layers before them never change, so the
+    # hidden states entering the first trainable layer are the same in an HF rollout and in the update: the
+    # rollout records them for every token (HFBackend(keep_frozen_states)) and the actor's update pass runs
+    # only the trainable layers, norm and heads on them. Same log-probs, values and gradients (to float
+    # rounding: tests/test_frozen_prefix.py). Off by default: rounding alone changes a seeded run's path.
+    # Without frozen layers (LoRA everywhere, a full fine-tune), with vLLM, or for a non-Llama model, the
+    # whole actor runs, as with false.
+    frozen_layers_from_rollout: bool = False
 
 
 @dataclass

@@ -52,7 +52,7 @@ from .evaluation import held_out
 from .models.checkpoints import CHECKPOINT, RunState, load_run, save_run
 from .report import Logger, Stopwatch, plot_curves, progress_postfix, summarise_run
 from .rollout import RolloutSettings, collect, has_task_ids, rollout_stats
-from .rows import action_features, build_rows
+from .rows import action_features, build_rows, row_frozen_states
 from .setup import (
     WARM_START, Run, build_model, freeze_warm_start, initial_reference, load_kl_reference, make_envs,
     make_optimizers, takes_split,
@@ -82,7 +82,8 @@ def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, flo
     with watch.phase("time/rollout_s"):
         backend = rollout_backend(config, model, run.tokenizer, batch_size=len(envs), vllm_backend=run.vllm_backend,
                                   keep_features=config.rollout.values_from_rollout and algo.needs_critic
-                                  and reads_features(model))
+                                  and reads_features(model),
+                                  keep_frozen_states=config.rollout.frozen_layers_from_rollout)
         run.vllm_backend = backend if holds_weights(backend) else None
         tasks, group = batch_shape(config)
         trajectories = collect(
@@ -96,6 +97,9 @@ def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, flo
     with watch.phase("time/rows_s"):
         rollout = rollout_stats(gather_trajectories(trajectories, accelerator))  # over every process's episodes
         batch = build_rows(trajectories, config.rollout.layout, backend.pad_id)
+        # rollout.frozen_layers_from_rollout: the HF rollout's states entering the actor's first trainable layer,
+        # so the update runs only the trainable ones; None (the whole actor runs) when any row lacks them
+        batch.frozen_states = row_frozen_states(trajectories, config.rollout.layout)
         if batch.num_actions:
             batch.action_id = torch.arange(batch.num_actions)  # [A]
             batch = batch.to(backend.device)

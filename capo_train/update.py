@@ -20,10 +20,10 @@ from .backends.select import holds_weights
 from .config import TrainConfig
 from .distributed import synced_minibatch_count, unwrap
 from .models.actor_critic import ActorCritic, SharedCritic
-from .models.logprobs import evaluating, scored_logp
+from .models.logprobs import evaluating, frozen_prefix_layers, scored_logp
 from .models.scoring import reference_logp
 from .report import Stopwatch
-from .rows import RowBatch, Trajectory, gather_actions, minibatches
+from .rows import RowBatch, Trajectory, gather_actions, minibatches, pad_frozen_states
 
 LENGTH_BUCKETS = (8, 16, 32, 64)  # action-length buckets (tokens) for the ratio-spread diagnostic
 
@@ -159,7 +159,8 @@ def compute_targets(
             if state_features is not None and reads_features(model):
                 step.values, step.token_values = values_from_features(model, state_features, batch)
             else:
-                values = model(batch.input_ids, batch.attention_mask, need_values=True, need_logp=False).values  # [R, S]
+                values = model(batch.input_ids, batch.attention_mask, need_values=True, need_logp=False,
+                               frozen_states=frozen_states_of(model, batch)).values  # [R, S]
                 step.values = values[batch.boundary_row, batch.boundary_pos]  # [A]: V(s_t) at the last state token
                 step.token_values = gather_actions(shift_right(values), batch)  # [A, L]: V before each action token
         old_values = step.values if algo.critic_at == "boundary" else step.token_values
@@ -178,6 +179,15 @@ def compute_targets(
     with watch.phase("time/estimate_s"):
         estimate = algo.estimate(step)
     return Targets(estimate.advantages, estimate.returns, old_values, ref_logp)
+
+
+def frozen_states_of(model, batch: RowBatch) -> torch.Tensor | None:
+    """``[R, S, H]``: the rows' recorded states entering the actor's first trainable layer, padded, on the rows'
+    device (``rollout.frozen_layers_from_rollout``), so the actor's pass runs only its trainable layers; None
+    (the whole actor runs) when the batch has none or the actor now has no frozen leading layers."""
+    if batch.frozen_states is None or frozen_prefix_layers(unwrap(model).actor) is None:
+        return None
+    return pad_frozen_states(batch.frozen_states, batch.input_ids.shape[1], batch.input_ids.device)
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
@@ -308,6 +318,7 @@ def _update_actor(model, optimizers, algo, batch, targets, config, generator, ac
                 need_entropy=entropy_coef > 0 or config.log_entropy,
                 logp_mask=mb.action_index >= 0,
                 temperature=config.rollout.temperature,  # the distribution the rollout sampled from
+                frozen_states=frozen_states_of(model, mb),  # run only the trainable layers, when recorded
             )
             logp = gather_actions(out.logp, mb)  # [a, L]
             L = logp.shape[1]

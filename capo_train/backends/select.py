@@ -87,14 +87,16 @@ def holds_weights(backend: Any) -> bool:
 
 
 def rollout_backend(config, model, tokenizer, *, batch_size: int, vllm_backend: Any = None,
-                    keep_features: bool = False) -> GenerationBackend:
+                    keep_features: bool = False, keep_frozen_states: bool = False) -> GenerationBackend:
     """The backend one RL iteration samples with. ``config``: the run's ``TrainConfig``; ``model``: its
     ``ActorCritic``; ``vllm_backend``: the vLLM backend an earlier iteration built (returned as it is, its weights
     already synced after that iteration's update), None at the first. ``keep_features``: an HF backend records
-    the actor's hidden states for a shared critic (``Generation.features``)."""
+    the actor's hidden states for a shared critic (``Generation.features``); ``keep_frozen_states``: an HF
+    backend records the hidden states entering the actor's first trainable layer (``Generation.frozen_states``)."""
     name = config.rollout.backend
     if name == "hf":
-        return HFBackend(model.actor, tokenizer, batch_size=batch_size, keep_features=keep_features)
+        return HFBackend(model.actor, tokenizer, batch_size=batch_size, keep_features=keep_features,
+                         keep_frozen_states=keep_frozen_states)
     if vllm_backend is not None:
         return vllm_backend
     problem = backend_problem(name, config.device)
