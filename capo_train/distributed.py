@@ -33,9 +33,15 @@ def gather_trajectories(trajectories: list[Trajectory], accelerator) -> list[Tra
     """Every process's trajectories, for statistics that describe the whole batch."""
     if accelerator is None or accelerator.num_processes == 1:
         return trajectories
+    from dataclasses import replace
+
     from accelerate.utils import gather_object
 
-    return gather_object(trajectories)
+    # Without the hidden states a rollout recorded (state_features, frozen_states, final_features): the
+    # statistics never read them, and frozen_states hold [tokens, H] per episode, too much to ship for that.
+    light = [replace(t, actions=[replace(a, state_features=None, frozen_states=None) for a in t.actions],
+                     final_features=None) for t in trajectories]
+    return gather_object(light)
 
 
 def synced_minibatch_count(rows: int, size: int, accelerator) -> int | None:
