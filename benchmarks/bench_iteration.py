@@ -1,13 +1,15 @@
-"""Where one RL iteration's time goes, with the critic's values from the rollout's recorded hidden states
-(``rollout.values_from_rollout=true``, the default) and from the critic's own pass over the batch (false),
-side by side in one run on the same env, model, seed and episodes.
+"""Where one RL iteration's time goes with a boolean setting off and on, side by side in one run on the same
+env, model, seed and episodes. The setting (``--toggle``) is by default ``rollout.values_from_rollout``: the
+critic's values from the rollout's recorded hidden states (true, the default) or from the critic's own pass over
+the batch (false); ``--toggle rollout.frozen_layers_from_rollout``: the update runs only the trainable layers on
+the frozen layers' states the rollout recorded (true) or the whole actor (false, the default).
 
     python benchmarks/bench_iteration.py [--env capo/SynthHouse-v0] [--episodes 4] [--repeats 1]
-        [--model smollm2] [key=value ...]
+        [--model smollm2] [--toggle KEY] [key=value ...]
 
 Each setting runs one CAPO iteration without a warm start (extra ``key=value`` overrides go to both runs),
 alternating the two settings ``--repeats`` times so that a machine's load hits both alike. Prints each
-phase (``time/*``, docs/metrics.md) as the median over repeats, and the ratio pass / rollout-values.
+phase (``time/*``, docs/metrics.md) as the median over repeats, and the ratio off / on.
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ from capo_train.trainer import train
 PHASES = ("rollout_generate", "rollout_env", "rollout", "rows", "values", "estimate", "update", "iteration")
 
 
-def one_iteration(args, values_from_rollout: bool) -> dict[str, float]:
+def one_iteration(args, on: bool) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as out:
         config = load_config(None, [
             "algo=capo", f"env.id={args.env}", f"model.path={args.model}", f"out_dir={out}", "iterations=1",
             f"rollout.episodes_per_batch={args.episodes}", "sft.episodes=0", "eval_every=0",
-            "log_tensorboard=false", "record_every=0", f"rollout.values_from_rollout={str(values_from_rollout).lower()}",
+            "log_tensorboard=false", "record_every=0", f"{args.toggle}={str(on).lower()}",
             *args.overrides,
         ])
         train(config, progress=False)
@@ -44,6 +46,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--episodes", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--toggle", default="rollout.values_from_rollout", help="the boolean config key compared")
     parser.add_argument("overrides", nargs="*", help="config key=value for both runs")
     args = parser.parse_args()
 
@@ -51,10 +54,10 @@ def main() -> None:
     for _ in range(args.repeats):
         for setting in (False, True):
             runs[setting].append(one_iteration(args, setting))
-            print(json.dumps({"values_from_rollout": setting, **runs[setting][-1]}), flush=True)
+            print(json.dumps({args.toggle: setting, **runs[setting][-1]}), flush=True)
     median = {s: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for s, rs in runs.items()}
     print(f"\n{args.env}, {args.episodes} episodes, {args.repeats} repeat(s), medians in seconds")
-    print(f"{'phase':<18} {'critic pass':>12} {'rollout values':>15} {'ratio':>7}")
+    print(f"{'phase':<18} {args.toggle + '=false':>12} {'true':>15} {'ratio':>7}")
     for key in (*PHASES, "tokens"):
         before, after = median[False][key], median[True][key]
         ratio = f"{before / after:.2f}x" if after > 0 else "-"
