@@ -88,6 +88,7 @@ class HFBackend:
         # keep_frozen_states: the first trainable layer (None: no frozen layers, nothing to keep) and its
         # input in the last forward, [rows, positions, H]
         self.frozen_layers = frozen_prefix_layers(model) if keep_frozen_states else None
+        self._first_trainable = None if self.frozen_layers is None else inner.get_decoder().layers[self.frozen_layers]
         self._frozen_input: torch.Tensor | None = None
         params = inspect.signature(inner.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
@@ -117,9 +118,8 @@ class HFBackend:
         finished: list[_Prefix] = []
         hook = self._decoder.register_forward_hook(self._keep_last_hidden) if self._decoder is not None else None
         frozen_hook = None
-        if self.frozen_layers is not None:
-            layer = self._inner().get_decoder().layers[self.frozen_layers]
-            frozen_hook = layer.register_forward_pre_hook(self._keep_frozen_input, with_kwargs=True)
+        if self._first_trainable is not None:
+            frozen_hook = self._first_trainable.register_forward_pre_hook(self._keep_frozen_input, with_kwargs=True)
         try:
             out: list[Generation] = []
             for start in range(0, len(prompts), self.batch_size):
@@ -142,9 +142,6 @@ class HFBackend:
     def _keep_frozen_input(self, module, args, kwargs) -> None:
         """Forward pre-hook on the first trainable layer: keep its input hidden states, ``[rows, P, H]``."""
         self._frozen_input = args[0] if args else kwargs["hidden_states"]
-
-    def _inner(self):
-        return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
 
     def clear_prefixes(self) -> None:
         """Forget the cached prefixes (needed if the model's weights changed since the last call)."""
