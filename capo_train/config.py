@@ -75,7 +75,9 @@ class RolloutConfig:
     # The update's old log-probs: the backend's as sampled (false), or the actor's own, recomputed by one
     # forward pass over the batch before the update (true), as verl does. null: recompute when the backend
     # generates from its own copy of the weights (vllm), whose kernels and dtype differ from the training
-    # pass: CAPO's ratio clip (3e-4) is far below that gap. The engine's stay in rollout/logprob_gap_*.
+    # pass, or when model.dtype is not float32 (HF's KV-cache generation in bfloat16 differs from the training
+    # pass by ~0.02 a token on a GPU): CAPO's ratio clip (3e-4) is far below that gap. The gap is logged in
+    # rollout/logprob_gap_*.
     recompute_logprobs: bool | None = None
     # A shared critic's values from the actor's hidden states that an HF rollout records while generating
     # (HFBackend(keep_features)) instead of a critic pass over the whole batch: equal values, and on CPU that

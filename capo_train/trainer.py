@@ -257,6 +257,7 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
             model, tokenizer = build_model(config, algo)
         optimizers, state = make_optimizers(model, config), RunState()
     model.to(accelerator.device)
+    say.say(f"model on {accelerator.device} in {next(model.parameters()).dtype}".replace("torch.", ""))
     trainable, *prepared = accelerator.prepare(model, *optimizers.values())
     optimizers = dict(zip(optimizers, prepared))
     if auto_lr:

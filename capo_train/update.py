@@ -104,9 +104,14 @@ def values_from_features(model: ActorCritic, features: list[torch.Tensor], batch
 
 def recomputes_logprobs(config: TrainConfig, backend: Any) -> bool:
     """``rollout.recompute_logprobs``, null meaning: when the backend samples from its own copy of the
-    weights (vLLM), not from the actor module itself (HF)."""
+    weights (vLLM), or when the model runs in half precision. HF generation in bfloat16 scores its tokens with
+    the KV cache's kernels, not the training pass's: on an H200 they differed by 0.020 a token on average
+    (max 0.12; ``benchmarks/gpu_check.py``, docs/envpool.md), far above CAPO's 3e-4 action clip. In float32
+    the actor's own generation log-probs are the training pass's to 1e-4."""
     setting = config.rollout.recompute_logprobs
-    return holds_weights(backend) if setting is None else bool(setting)
+    if setting is not None:
+        return bool(setting)
+    return holds_weights(backend) or config.model.dtype != "float32"
 
 
 @torch.no_grad()

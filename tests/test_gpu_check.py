@@ -54,3 +54,15 @@ def test_flop_count_matches_the_formula():
     assert round(gpu_check.matrix_params(critic) / 1e9, 2) == 1.41
     n = gpu_check.matrix_params(actor)
     assert gpu_check.forward_flops(n, config, [100]) == 2 * n * 100 + 4 * 28 * 2048 * 100 * 100
+
+
+def test_tiny_run_in_bfloat16_casts_the_value_head_too(tmp_path):
+    # On an H200 the full-size run failed in its first update: the script casts the whole critic to bfloat16,
+    # value head included, and the head multiplied float32 hidden states by bfloat16 weights.
+    gpu_check = load_script()
+    out = tmp_path / "summary.json"
+    assert gpu_check.main(["--tiny", "--device", "cpu", "--dtype", "bfloat16", "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["dtype"] == "bfloat16"
+    for key in ("actor_loss", "critic_loss"):
+        assert math.isfinite(summary[key]), key

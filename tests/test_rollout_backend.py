@@ -288,3 +288,17 @@ def test_capo_train_runs_with_vllm_rollouts(vllm_model_dir, tmp_path):
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     rl = [r for r in log if r.get("iteration", 0) >= 1]
     assert [r["iteration"] for r in rl] == [1, 2] and all(r["rollout/tokens_generated"] > 0 for r in rl)
+
+
+@pytest.mark.parametrize(("dtype", "setting", "expected"), [
+    ("float32", None, False), ("bfloat16", None, True), ("float16", None, True),
+    ("bfloat16", False, False), ("float32", True, True)])
+def test_half_precision_recomputes_old_logprobs_by_default(dtype, setting, expected):
+    """HF generation in bfloat16 scored its tokens 0.02 a token away from the training pass on an H200
+    (benchmarks/gpu_check.py), above CAPO's 3e-4 action clip: null recomputes them in half precision."""
+    from capo_train.config import TrainConfig
+    from capo_train.update import recomputes_logprobs
+
+    config = TrainConfig()
+    config.model.dtype, config.rollout.recompute_logprobs = dtype, setting
+    assert recomputes_logprobs(config, backend=object()) is expected

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from .logprobs import LOGP_CHUNK, ModelOutput, final_hidden, lm_logp, position_ids
 
@@ -138,7 +139,8 @@ class ValueHead(nn.Module):
     """Scalar value per position: ``Linear(H, 1)`` on final hidden states ``[R, S, H]`` -> ``[R, S]``.
 
     Small initial weights and zero bias make initial values ~0, so the first critic targets (returns)
-    are not swamped by a random offset. Computed in float32 whatever the backbone dtype.
+    are not swamped by a random offset. Computed in float32 whatever the backbone dtype, and whatever dtype the
+    head's own weights were cast to (``model.to(torch.bfloat16)`` casts them with the rest).
     """
 
     def __init__(self, hidden_size: int, init_std: float = 1e-3):
@@ -148,7 +150,8 @@ class ValueHead(nn.Module):
         nn.init.zeros_(self.linear.bias)
 
     def forward(self, hidden: Tensor) -> Tensor:
-        return self.linear(hidden.float()).squeeze(-1)
+        weight, bias = self.linear.weight, self.linear.bias
+        return F.linear(hidden.float(), weight.float(), bias.float()).squeeze(-1)
 
 
 class SharedCritic(nn.Module):
