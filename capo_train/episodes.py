@@ -214,7 +214,7 @@ def write_episodes(path: Path, trajectories, iteration: int, tokenizer, env, spl
                 "action": clip_text(text),
                 "tokens": len(rec.action_ids),
                 "valid": rec.action_valid,
-                "reason": "" if rec.action_valid else _reason(protocol, text),
+                "reason": "" if rec.action_valid else (rec.invalid_reason or _reason(protocol, text)),
                 "reward": rec.reward,
                 **(credit(i, t) if credit is not None else {}),
             })
@@ -257,8 +257,10 @@ def held_out_recorder(config, iteration: int, tokenizer, env):
 
 
 def _reason(protocol, text: str) -> str:
-    """Why the env rejected ``text``: its protocol's parse error, else a generic word (an env without a
-    protocol, or one that rejects a well-formed action for its state)."""
+    """Why the env rejected ``text``, for an env whose step gave no ``info["invalid_reason"]``: its protocol's
+    parse error, else a generic word. Only the syntax: a protocol that also checks the page (WebShop's) would
+    judge the env's state now, after the episode, not the one the action met (it said "the purchase is done"
+    of a click refused on a product page), so the reason the step gave comes first."""
     parse = getattr(protocol, "parse", None)
     if callable(parse):
         try:

@@ -298,9 +298,10 @@ def step_episode(
     hidden states before each action token (``Generation.features``), kept on the record; ``frozen_states``:
     its hidden states entering the first trainable layer (``Generation.frozen_states``), likewise."""
     obs, reward, terminated, truncated, info = ep.env.step(text) if result is None else result
+    valid = bool(info.get("action_valid", True))
     record = ActionRecord(prompt_ids=prompt, action_ids=token_ids, old_logprobs=logprobs, reward=float(reward),
-                          action_valid=bool(info.get("action_valid", True)), obs_ids=[], state_features=features,
-                          frozen_states=frozen_states)
+                          action_valid=valid, obs_ids=[], state_features=features, frozen_states=frozen_states,
+                          invalid_reason="" if valid else str(info.get("invalid_reason") or "")[:300])
     if frozen_states is not None and ep.traj.actions:
         _share_frozen_states(ep.traj.actions, record)
     ep.traj.actions.append(record)

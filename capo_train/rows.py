@@ -42,6 +42,7 @@ class ActionRecord:
     old_logprobs: log pi_old of each action token, as recorded by the backend (same length as action_ids).
     reward:       the env's reward for this step.
     action_valid: whether the env could parse the action.
+    invalid_reason: why the env refused it (its ``info["invalid_reason"]`` at that step), or "".
     obs_ids:      tokens of the observation that followed, wrapped in the chat format's tokens (end of the
                   assistant turn, user turn, next assistant header); ``[]`` after the last action. With
                   concatenated states, ``next.prompt_ids == prompt_ids + action_ids + obs_ids``.
@@ -61,6 +62,7 @@ class ActionRecord:
     obs_ids: list[int]
     state_features: Any = None
     frozen_states: Any = None
+    invalid_reason: str = ""
 
 
 @dataclass(kw_only=True)

@@ -350,3 +350,47 @@ def test_rollout_stats(concat_trajectories):
     assert stats["env_f1"] == sum(t.metrics.get("f1", 0.0) for t in concat_trajectories) / 4
     assert stats["terminated_rate"] + stats["truncated_rate"] == 1
     assert 1 <= stats["action_tokens_p50"] <= stats["action_tokens_p90"] <= stats["action_tokens_max"] <= 16
+
+
+# ----------------------------------------------------------------------------- why an action was refused
+
+
+class ScriptedBackend:
+    """Answers every prompt with the next action of a fixed script (the tokenizer's tokens of it)."""
+
+    def __init__(self, tokenizer, script):
+        self.tokenizer, self.script, self.turn = tokenizer, list(script), 0
+
+    def generate(self, prompts, *, stop, max_new_tokens, temperature=1.0, greedy=False, seed=None):
+        from capo_train.backends.base import Generation
+
+        text = self.script[min(self.turn, len(self.script) - 1)]
+        self.turn += 1
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return [Generation(token_ids=ids, logprobs=[-1.0] * len(ids), text=text, finish_reason="stop")
+                for _ in prompts]
+
+
+def test_recorded_reason_is_the_one_the_step_gave_not_the_envs_later_state(tokenizer, tmp_path):
+    """A click refused on a WebShop product page was recorded as "the purchase is done": the episode file
+    asked the protocol again after the episode, when the page had become the receipt. The reason comes from
+    the step's info["invalid_reason"]."""
+    import json
+
+    from capo_train.episodes import write_episodes
+
+    env = gym.make("capo/SynthShop-v0", split="dev", max_steps=6, results_per_page=3, expert_mode="first")
+    env.reset(options={"task_id": "synthshop-0-506"})
+    first_hit = env.unwrapped.expert_action()  # search[...]
+    env.step(first_hit)
+    product = env.unwrapped.expert_action()  # click[<the first hit's id>]
+    script = [first_hit, product, "click[no such option]", "click[buy now]"]
+    settings = RolloutSettings(max_action_tokens=64, max_prompt_tokens=4096)
+    [traj] = collect([env], ScriptedBackend(tokenizer, script), tokenizer, settings, tasks_per_batch=1,
+                     group_size=1, seed=0, task_ids=["synthshop-0-506"])
+    assert [a.action_valid for a in traj.actions] == [True, True, False, True] and traj.terminated
+    assert traj.actions[2].invalid_reason == "'no such option' is not a clickable on this page"
+    path = write_episodes(tmp_path / "episodes.jsonl", [traj], 1, tokenizer, env, "train")
+    [line] = path.read_text().splitlines()
+    reasons = [a["reason"] for a in json.loads(line)["actions"]]
+    assert reasons == ["", "", "'no such option' is not a clickable on this page", ""]
