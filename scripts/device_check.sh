@@ -32,22 +32,24 @@ status=0
   tests/test_gpu_check.py 2>&1 | tee "$out/pytest.log" || status=1
 # 3. capo train on the GPU. Each run must exit 0, say it ran on cuda and leave a checkpoint.
 capo=("$python" -m capo_train.cli train)
-train() {  # train NAME ARGS...: one run into $runs/NAME, its log under $out
+train() {  # train NAME ARGS...: one run into $runs/NAME, its log appended to $out/train.log
   local name=$1; shift
-  timeout "${TRAIN_TIMEOUT:-240}" "${capo[@]}" --out "$runs/$name" "$@" > "$out/train-$name.log" 2>&1
+  local log="$runs/$name.log"
+  timeout "${TRAIN_TIMEOUT:-240}" "${capo[@]}" --out "$runs/$name" "$@" > "$log" 2>&1
   local rc=$?
-  grep -q "model on cuda" "$out/train-$name.log" || { [ -n "${GPU_CHECK_ARGS:-}" ] || rc=97; }
+  grep -q "model on cuda" "$log" || { [ -n "${GPU_CHECK_ARGS:-}" ] || rc=97; }
   [ -f "$runs/$name/checkpoint/run_state.json" ] || rc=98
-  echo "train $name: exit $rc; $(grep -E 'iteration [0-9]+/|held-out success' "$out/train-$name.log" | tail -2 | tr '\n' ' ')"
-  [ "$rc" = 0 ] || { tail -20 "$out/train-$name.log"; status=1; }
+  { echo "=== train $name $*: exit $rc"; cat "$log"; } >> "$out/train.log"  # one file: a device call returns 8
+  echo "train $name: exit $rc; $(grep -E 'iteration [0-9]+/|held-out success' "$log" | tail -2 | tr '\n' ' ')"
+  [ "$rc" = 0 ] || { tail -20 "$log"; status=1; }
 }
-runs=/tmp/capo-device-runs; rm -rf "$runs"
+runs=/tmp/capo-device-runs; rm -rf "$runs"; mkdir -p "$runs"
 tiny=(--env capo/SynthChain-v0 --model tiny:tiny:20 sft.episodes=8 eval_every=2 eval_episodes=8)
 for algo in capo ppo grpo gigpo; do train "$algo" --algo "$algo" "${tiny[@]}" iterations=2; done
 train capo-resumed --algo capo "${tiny[@]}" iterations=3  # a fresh run of 3, to compare with the resumed one
 cp -r "$runs/capo" "$runs/capo-resume"
 train capo-resume --resume --algo capo "${tiny[@]}" iterations=3
-"$python" - "$runs" <<'PY' 2>&1 | tee -a "$out/train-resume.txt"
+"$python" - "$runs" <<'PY' 2>&1 | tee -a "$out/train.log"
 import json, sys
 runs = sys.argv[1]
 def last(name):
@@ -66,7 +68,7 @@ transformers.AutoTokenizer.from_pretrained(sys.argv[1]).save_pretrained(sys.argv
   cp .whl/smollm2-shape/chat_template.jinja /tmp/smollm2-random/ 2>/dev/null
   TRAIN_TIMEOUT=200 train smollm2-shape-scholar --config configs/synthscholar.yaml --model /tmp/smollm2-random \
     sft.episodes=16 iterations=2 eval_every=2 eval_episodes=16
-  grep -E "warm start done|iteration [0-9]+/|seconds_per_iteration|\| capo" "$out/train-smollm2-shape-scholar.log"
+  grep -E "warm start done|iteration [0-9]+/|seconds_per_iteration|\| capo" "$runs/smollm2-shape-scholar.log"
 fi
 echo "device_check: exit $status, results in $out"
 exit $status
