@@ -2,7 +2,9 @@
 env, model, seed and episodes. The setting (``--toggle``) is by default ``rollout.values_from_rollout``: the
 critic's values from the rollout's recorded hidden states (true, the default) or from the critic's own pass over
 the batch (false); ``--toggle rollout.frozen_layers_from_rollout``: the update runs only the trainable layers on
-the frozen layers' states the rollout recorded (true) or the whole actor (false, the default).
+the frozen layers' states the rollout recorded (true) or the whole actor (false, the default). Several keys,
+comma-separated, are switched together: ``--toggle rollout.values_from_rollout,rollout.frozen_layers_from_rollout``
+compares the trainer before both levers (false) with both on (true).
 
     python benchmarks/bench_iteration.py [--env capo/SynthHouse-v0] [--episodes 4] [--repeats 1]
         [--model smollm2] [--toggle KEY] [key=value ...]
@@ -30,8 +32,8 @@ def one_iteration(args, on: bool) -> dict[str, float]:
         config = load_config(None, [
             "algo=capo", f"env.id={args.env}", f"model.path={args.model}", f"out_dir={out}", "iterations=1",
             f"rollout.episodes_per_batch={args.episodes}", "sft.episodes=0", "eval_every=0",
-            "log_tensorboard=false", "record_every=0", f"{args.toggle}={str(on).lower()}",
-            *args.overrides,
+            "log_tensorboard=false", "record_every=0",
+            *(f"{key}={str(on).lower()}" for key in args.toggle.split(",")), *args.overrides,
         ])
         train(config, progress=False)
         record = json.loads(open(f"{out}/log.jsonl").readline())
@@ -46,7 +48,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--episodes", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--toggle", default="rollout.values_from_rollout", help="the boolean config key compared")
+    parser.add_argument("--toggle", default="rollout.values_from_rollout", help="the boolean config key compared (several: comma-separated, switched together)")
     parser.add_argument("overrides", nargs="*", help="config key=value for both runs")
     args = parser.parse_args()
 

@@ -46,32 +46,48 @@ def _cmd_envs(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    """Run the env's expert (or a fixed bad policy) for a few episodes and print the transcripts."""
+    """Run the env's expert for a few episodes and print the transcripts. With ``--expert-skill`` < 1 it is
+    the demonstrator a warm start clones at that ``sft.expert_skill`` (each step, with probability 1 - skill,
+    the env's ``random_action``), so a recipe's demonstrator can be measured before training on it."""
+    import random
+
     import gymnasium as gym
 
     import capo_envs  # noqa: F401  (registers the ids)
 
+    if not 0.0 <= args.expert_skill <= 1.0:
+        print(f"--expert-skill must be in [0, 1], got {args.expert_skill}", file=sys.stderr)
+        return 2
     env = gym.make(args.env, **parse_key_values(args.env_kwargs))
     base = env.unwrapped
-    print(f"{args.env}: {len(base.task_ids())} tasks\n--- instructions given to the model ---")
-    print(base.protocol.instructions)
-    successes = 0.0
+    say = (lambda *_: None) if args.quiet else print
+    say(f"{args.env}: {len(base.task_ids())} tasks\n--- instructions given to the model ---")
+    say(base.protocol.instructions)
+    rng = random.Random(args.seed)  # the errors' draws, as sft.expert_trajectories makes them
+    successes, steps = 0.0, 0
     for episode in range(args.episodes):
         obs, info = env.reset(seed=args.seed + episode)
-        print(f"\n=== episode {episode} · task {info['task_id']} ===\n[obs] {obs}")
+        say(f"\n=== episode {episode} · task {info['task_id']} ===\n[obs] {obs}")
         done = False
         while not done:
-            action = base.expert_action()
+            action = None
+            if args.expert_skill < 1.0 and rng.random() >= args.expert_skill and callable(getattr(base, "random_action", None)):
+                action = base.random_action(rng)  # None where the env's legal actions are not a finite set
+            if action is None:
+                action = base.expert_action()
             if action is None:
                 print("this env has no expert")
                 return 1
             obs, reward, terminated, truncated, info = env.step(action)
-            print(f"[act] {action}\n[obs] {obs[:400]}{'...' if len(obs) > 400 else ''}")
+            steps += 1
+            say(f"[act] {action}\n[obs] {obs[:400]}{'...' if len(obs) > 400 else ''}")
             done = terminated or truncated
         metrics = info["metrics"]
         successes += metrics.get("success", metrics.get("em", reward))  # as rollout.py reads success
-        print(f"reward={reward} terminated={terminated} truncated={truncated} metrics={metrics}")
-    print(f"\nexpert success over {args.episodes} episodes: {successes / args.episodes:.2f}")
+        say(f"reward={reward} terminated={terminated} truncated={truncated} metrics={metrics}")
+    who = "expert" if args.expert_skill >= 1.0 else f"demonstrator (expert_skill {args.expert_skill:g})"
+    print(f"{'' if args.quiet else chr(10)}{who} success over {args.episodes} episodes: "
+          f"{successes / args.episodes:.2f}, {steps / args.episodes:.1f} steps an episode")
     env.close()
     return 0
 
@@ -244,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--env", default="capo/SynthHop-v0")
     demo.add_argument("--episodes", type=int, default=3)
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--expert-skill", type=float, default=1.0,
+                      help="the warm start's demonstrator at this sft.expert_skill (default 1: the expert)")
+    demo.add_argument("--quiet", action="store_true", help="print only the success and steps summary")
     demo.add_argument("env_kwargs", nargs="*", metavar="key=value", help="keyword arguments for gym.make")
     demo.set_defaults(func=_cmd_demo)
 

@@ -172,6 +172,22 @@ def test_an_erring_demonstrator_errs_and_a_skilled_one_does_not():
     assert all("description" not in a and "features" not in a for a in skilled)
 
 
+def test_capo_demo_measures_the_erring_demonstrator_a_recipe_clones(capsys):
+    """`capo demo --expert-skill P --quiet`: the demonstrator of sft.expert_skill=P, summarised in one line."""
+    from capo_train.cli import main
+
+    def success(skill: float) -> float:
+        assert main(["demo", "--env", "capo/SynthChain-v0", "--episodes", "40", "--quiet",
+                     "--expert-skill", str(skill)]) == 0
+        line = capsys.readouterr().out.strip()
+        assert "\n" not in line and "success over 40 episodes" in line
+        return float(line.split("episodes: ")[1].split(",")[0])
+
+    assert success(1.0) == 1.0
+    assert success(0.0) < 0.5  # random doors: each of SynthChain's 4 decisions is a coin flip or worse
+    assert main(["demo", "--expert-skill", "1.5", "--quiet"]) == 2
+
+
 def test_expert_skill_is_checked_by_the_config():
     assert load_config(overrides=["sft.expert_skill=0.5"]).sft.expert_skill == 0.5
     with pytest.raises(ConfigError, match="sft.expert_skill"):
