@@ -93,6 +93,13 @@ class RolloutConfig:
     # Without frozen layers (LoRA everywhere, a full fine-tune), with vLLM, or for a non-Llama model, the
     # whole actor runs, as with false.
     frozen_layers_from_rollout: bool = False
+    # An HF rollout reuses the KV cache of the sequences its last generate call finished. true: of the longest
+    # prefix a prompt shares with any of them, cut there; false: only of one that is a whole prefix of the
+    # prompt, which is all a concat state's next turn needs. A window state's prompt is rebuilt each step, so
+    # only its head (the system prompt and the task, ~46% of a SynthHouse prompt) is shared, and only true
+    # reuses it. null: true with rollout.state=window, false with concat (concat's seeded paths stay as they
+    # were: reuse changes float rounding). The same tokens and log-probs to rounding: tests/test_backend_prefix.py.
+    reuse_common_prefix: bool | None = None
 
 
 @dataclass

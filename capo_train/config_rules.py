@@ -73,6 +73,7 @@ CONFIG_RULES: dict[str, Rule] = {
     "rollout.backend": _one_of("hf", "vllm"),
     "rollout.vllm_gpu_memory_utilization": ((lambda v: _is_number(v) and 0 < v <= 1), "a number in (0, 1]"),
     "rollout.recompute_logprobs": _or_null(BOOL),
+    "rollout.reuse_common_prefix": _or_null(BOOL),
     "optim.actor_lr": _or_null(POSITIVE),
     "optim.critic_lr": POSITIVE,
     "optim.weight_decay": NON_NEGATIVE,

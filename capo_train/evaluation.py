@@ -15,6 +15,7 @@ from data_prep.progress import SILENT, Progress, duration
 
 from .backends.base import GenerationBackend
 from .backends.hf import HFBackend
+from .backends.select import common_prefixes
 from .config import TrainConfig
 from .distributed import gather_trajectories
 from .envpool import EnvPool
@@ -43,7 +44,8 @@ def evaluate(
     trajectories = []
     if task_ids:
         in_process = backend is None
-        backend = HFBackend(model.actor, tokenizer, batch_size=len(envs)) if in_process else backend
+        backend = HFBackend(model.actor, tokenizer, batch_size=len(envs),
+                            common_prefixes=common_prefixes(config.rollout)) if in_process else backend
         settings = RolloutSettings.from_config(config.rollout).for_evaluation()
         with evaluating(model) if in_process else contextlib.nullcontext():
             trajectories = collect(envs, backend, tokenizer, settings, tasks_per_batch=len(task_ids), group_size=1,

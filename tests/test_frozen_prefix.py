@@ -74,7 +74,9 @@ def full_forward_states(model, ids: list[int]) -> torch.Tensor:
 
 def rollout(model, tokenizer, state: str):
     envs = [gym.make("capo/SynthHop-v0", size="tiny", k=1, max_passage_chars=40) for _ in range(3)]
-    backend = HFBackend(model.actor, tokenizer, batch_size=3, keep_features=True, keep_frozen_states=True)
+    # window states reuse the head their prompts share with the last sequences, as the trainer's default does
+    backend = HFBackend(model.actor, tokenizer, batch_size=3, keep_features=True, keep_frozen_states=True,
+                        common_prefixes=state == "window")
     settings = RolloutSettings(max_action_tokens=12, max_prompt_tokens=4000, state=state, window=1)
     trajs = collect(envs, backend, tokenizer, settings, tasks_per_batch=3, group_size=1, seed=5)
     return trajs, backend
@@ -109,6 +111,20 @@ def test_backend_records_the_states_of_a_full_forward(actor_critic):
         assert g.frozen_states.shape == (len(ids), model.actor.config.hidden_size)
         assert g.frozen_states.dtype == next(model.actor.parameters()).dtype
         torch.testing.assert_close(g.frozen_states, full_forward_states(model, ids), atol=1e-5, rtol=1e-5)
+
+
+def test_states_of_a_reused_common_head_are_those_of_a_full_forward(actor_critic):
+    """``common_prefixes``: a second call's prompts share only a head with the first call's sequences (as a
+    window state's do); the cut prefix's cached states and the new positions' still equal a plain forward."""
+    model, tokenizer = actor_critic
+    prompts = [list(range(40, 40 + n)) for n in (9, 17)]
+    backend = HFBackend(model.actor, tokenizer, common_prefixes=True, keep_frozen_states=True)
+    first = backend.generate(prompts, stop=[], max_new_tokens=4, greedy=True)
+    second_prompts = [p[:6] + [80, 81, 82] for p in prompts]  # the first 6 tokens shared, then new ones
+    second = backend.generate(second_prompts, stop=[], max_new_tokens=4, greedy=True)
+    assert backend.reused_tokens == 12
+    for p, g in [*zip(prompts, first), *zip(second_prompts, second)]:
+        torch.testing.assert_close(g.frozen_states, full_forward_states(model, p + g.token_ids[:-1]), atol=1e-5, rtol=1e-5)
 
 
 def test_without_frozen_layers_nothing_is_recorded(model_dir):

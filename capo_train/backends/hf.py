@@ -9,8 +9,11 @@ it stops costing compute.
 Prefix reuse: in a multi-turn rollout with concatenated states, the next prompt of an episode is the
 previous prompt + the action + the observation. The backend keeps the KV cache of every sequence it
 finished in its last call, and a prompt that extends one of them prefills only its new tokens. On CPU
-this removes most of a rollout's cost (re-reading the growing prompt every turn). A backend is meant to
-live for one rollout: build a new one (or call ``clear_prefixes``) after the weights change.
+this removes most of a rollout's cost (re-reading the growing prompt every turn). A window state's prompt is
+rebuilt each step, so it extends none of them, but it shares its head (the system prompt and the task) with
+the episode's last sequence: ``common_prefixes=True`` reuses the cache of the longest head a prompt shares
+with any of them, cut there. A backend is meant to live for one rollout: build a new one (or call
+``clear_prefixes``) after the weights change.
 
 Features (``keep_features=True``): the decoder's final hidden state at the prompt's last position and at
 every fed-back token is what a value head on the actor's features reads, so each :class:`Generation` can
@@ -56,6 +59,22 @@ class _Prefix:
             raise RuntimeError(f"KV cache holds {kv[0][0].shape[1]} positions for {len(tokens)} tokens")
         return cls(tokens, kv, states)
 
+    def cut(self, n: int) -> "_Prefix":
+        """The first ``n`` tokens of this sequence, with their cache (a position's keys, values and states
+        depend only on the tokens up to it)."""
+        return _Prefix(self.tokens[:n], [(k[:, :n], v[:, :n]) for k, v in self.kv],
+                       None if self.states is None else self.states[:n])
+
+
+def _common_length(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
 
 class HFBackend:
     """Generate with ``model`` (a ``*ForCausalLM``) and ``tokenizer`` (for EOS, padding and decoding).
@@ -65,11 +84,12 @@ class HFBackend:
     """
 
     def __init__(self, model, tokenizer, *, batch_size: int = 16, reuse_prefixes: bool = True,
-                 keep_features: bool = False, keep_frozen_states: bool = False):
+                 common_prefixes: bool = False, keep_features: bool = False, keep_frozen_states: bool = False):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.reuse_prefixes = reuse_prefixes
+        self.common_prefixes = common_prefixes  # reuse a cached sequence's shared head too (rollout.reuse_common_prefix)
         self.keep_features = keep_features
         self._prefixes: list[_Prefix] = []  # the sequences finished in the last generate call
         self.prefilled_tokens = self.reused_tokens = 0  # counters, for benchmarks and tests
@@ -148,13 +168,21 @@ class HFBackend:
         self._prefixes = []
 
     def _longest_prefix(self, prompt: list[int]) -> _Prefix | None:
-        """The longest cached sequence that is a strict prefix of ``prompt`` (at least one new token)."""
-        best = None
+        """The longest cached sequence that is a strict prefix of ``prompt`` (at least one new token); with
+        ``common_prefixes``, the longest head ``prompt`` shares with any cached sequence, cut there (a window
+        state's prompt shares its system prompt and task with the episode's last sequence, not its end)."""
+        best, best_n = None, 0
         for prefix in self._prefixes:
-            n = len(prefix.tokens)
-            if n < len(prompt) and (best is None or n > len(best.tokens)) and prompt[:n] == prefix.tokens:
-                best = prefix
-        return best
+            if self.common_prefixes:
+                n = min(_common_length(prefix.tokens, prompt), len(prompt) - 1)
+            else:
+                n = len(prefix.tokens)
+                n = n if n < len(prompt) and prompt[:n] == prefix.tokens else 0
+            if n > best_n:
+                best, best_n = prefix, n
+        if best is None or best_n == len(best.tokens):
+            return best
+        return best.cut(best_n)
 
     @torch.inference_mode()
     def prompt_features(self, prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:

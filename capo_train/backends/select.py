@@ -86,6 +86,12 @@ def holds_weights(backend: Any) -> bool:
     return callable(getattr(backend, "sync_weights", None))
 
 
+def common_prefixes(rollout) -> bool:
+    """``rollout.reuse_common_prefix`` (a ``RolloutConfig``'s), null meaning: with the window state only."""
+    setting = rollout.reuse_common_prefix
+    return rollout.state == "window" if setting is None else bool(setting)
+
+
 def rollout_backend(config, model, tokenizer, *, batch_size: int, vllm_backend: Any = None,
                     keep_features: bool = False, keep_frozen_states: bool = False) -> GenerationBackend:
     """The backend one RL iteration samples with. ``config``: the run's ``TrainConfig``; ``model``: its
@@ -95,8 +101,8 @@ def rollout_backend(config, model, tokenizer, *, batch_size: int, vllm_backend: 
     backend records the hidden states entering the actor's first trainable layer (``Generation.frozen_states``)."""
     name = config.rollout.backend
     if name == "hf":
-        return HFBackend(model.actor, tokenizer, batch_size=batch_size, keep_features=keep_features,
-                         keep_frozen_states=keep_frozen_states)
+        return HFBackend(model.actor, tokenizer, batch_size=batch_size, common_prefixes=common_prefixes(config.rollout),
+                         keep_features=keep_features, keep_frozen_states=keep_frozen_states)
     if vllm_backend is not None:
         return vllm_backend
     problem = backend_problem(name, config.device)
