@@ -152,6 +152,29 @@ def test_qa_typed_guess_answers_the_gold_answers_kind():
     with pytest.raises(ValueError, match="guess"):
         gym.make("capo/SynthHop-v0", split="train", size="tiny", guess="loud")
 
+def test_qa_early_guess_errs_only_before_the_last_hop():
+    """``guess="early"``: a typed guess while a supporting passage is unseen, none once all are (the expert
+    answers), so the demonstrator never answers a wrong value after the last hop."""
+    env = gym.make("capo/SynthHop-v0", split="train", size="small", k=1, question_kinds=["bridge-2"], guess="early")
+    base, rng = env.unwrapped, random.Random(0)
+    guessed_midway = 0
+    for seed in range(20):
+        env.reset(seed=seed)
+        assert base.random_action(rng) is None  # nothing seen yet
+        passages, *_ = env.step(base.expert_action())
+        if not all(t in base._seen_titles for t in base._task.supporting_titles):
+            word = base.random_action(rng).removeprefix("<answer>").removesuffix("</answer>")
+            assert word in passages
+            guessed_midway += 1
+        while not all(t in base._seen_titles for t in base._task.supporting_titles):
+            _, _, terminated, _, _ = env.step(base.expert_action())
+            if terminated:
+                break
+        else:
+            # every hop found: the expert acts, never a guess
+            assert all(base.random_action(rng) is None for _ in range(10))
+    assert guessed_midway > 10
+
 
 @needs_webshop
 def test_an_erring_demonstrator_errs_and_a_skilled_one_does_not():

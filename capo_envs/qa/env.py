@@ -29,7 +29,7 @@ GUESS_WORD = re.compile(r"\b(?:[A-Z][a-z]+|[0-9]+)\b")
 NAME_RUN = re.compile(r"\b[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*\b")
 NUMBER = re.compile(r"\b[0-9]+\b")
 SENTENCE_OPENERS = frozenset({"The", "It", "Its", "A", "An", "In", "He", "She", "His", "Her", "They", "This"})
-GUESS_MODES = ("word", "typed")
+GUESS_MODES = ("word", "typed", "early")
 
 
 def format_passages(hits: Sequence[Hit], max_chars: int | None) -> str:
@@ -54,7 +54,9 @@ class MultiHopQAEnv(TextEnv):
     ``guess`` is what ``random_action`` answers (an erring demonstrator's mistake, ``sft.expert_skill``):
     ``"word"`` any capitalised word or number seen; ``"typed"`` a number seen when the gold answer is a
     number, else a name seen (a run of capitalised words), so that a guess is the plausible wrong answer
-    of answering before the last hop (the first passage's year), not noise.
+    of answering before the last hop (the first passage's year), not noise; ``"early"`` a typed guess
+    only while a supporting passage is unseen, and no guess once all are found (the expert answers), so
+    that the demonstrator's one mistake is answering before the last hop, never the value after it.
     """
 
     def __init__(
@@ -160,12 +162,14 @@ class MultiHopQAEnv(TextEnv):
     def random_action(self, rng) -> str | None:
         """A guess: answer with a capitalised word or a number drawn from the passages seen so far (the
         answers are names and years, so a guess is sometimes right), or with ``guess="typed"`` a name or
-        number of the gold answer's kind; None before any search, when the expert acts. Free-text searches
-        are never drawn."""
+        number of the gold answer's kind; None before any search, when the expert acts (and with
+        ``guess="early"`` once every supporting passage has been seen). Free-text searches are never drawn."""
         if self._task is None or self._done or not self._seen_guesses:
             return None
+        if self.guess == "early" and all(t in self._seen_titles for t in self._task.supporting_titles):
+            return None
         guesses = self._seen_guesses
-        if self.guess == "typed":
+        if self.guess in ("typed", "early"):
             seen = [n for n in self._typed_guesses() if n]
             guesses = seen or guesses
         return self.protocol.render(Action("answer", {"answer": rng.choice(guesses)}))
