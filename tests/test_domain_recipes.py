@@ -152,9 +152,10 @@ def test_qa_typed_guess_answers_the_gold_answers_kind():
     with pytest.raises(ValueError, match="guess"):
         gym.make("capo/SynthHop-v0", split="train", size="tiny", guess="loud")
 
+
 def test_qa_early_guess_errs_only_before_the_last_hop():
     """``guess="early"``: a typed guess while a supporting passage is unseen, none once all are (the expert
-    answers), so the demonstrator never answers a wrong value after the last hop."""
+    acts), so the demonstrator never answers a wrong value after the last hop."""
     env = gym.make("capo/SynthHop-v0", split="train", size="small", k=1, question_kinds=["bridge-2"], guess="early")
     base, rng = env.unwrapped, random.Random(0)
     guessed_midway = 0

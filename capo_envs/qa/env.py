@@ -55,7 +55,7 @@ class MultiHopQAEnv(TextEnv):
     ``"word"`` any capitalised word or number seen; ``"typed"`` a number seen when the gold answer is a
     number, else a name seen (a run of capitalised words), so that a guess is the plausible wrong answer
     of answering before the last hop (the first passage's year), not noise; ``"early"`` a typed guess
-    only while a supporting passage is unseen, and no guess once all are found (the expert answers), so
+    only while a supporting passage is unseen, and no guess once all are found (the expert acts), so
     that the demonstrator's one mistake is answering before the last hop, never the value after it.
     """
 
