@@ -163,11 +163,11 @@ def test_qa_early_guess_errs_only_before_the_last_hop():
         env.reset(seed=seed)
         assert base.random_action(rng) is None  # nothing seen yet
         passages, *_ = env.step(base.expert_action())
-        if not all(t in base._seen_titles for t in base._task.supporting_titles):
+        if not base.found_all_support():
             word = base.random_action(rng).removeprefix("<answer>").removesuffix("</answer>")
             assert word in passages
             guessed_midway += 1
-        while not all(t in base._seen_titles for t in base._task.supporting_titles):
+        while not base.found_all_support():
             _, _, terminated, _, _ = env.step(base.expert_action())
             if terminated:
                 break

@@ -155,9 +155,12 @@ class MultiHopQAEnv(TextEnv):
         steps_left = self.max_steps - self._steps
         if remaining and steps_left > 1:
             return self.protocol.render(Action("search", {"query": remaining[0]}))
-        found_all = all(t in self._seen_titles for t in task.supporting_titles)
-        answer = task.answers[0] if found_all else NO_ANSWER
+        answer = task.answers[0] if self.found_all_support() else NO_ANSWER
         return self.protocol.render(Action("answer", {"answer": answer}))
+
+    def found_all_support(self) -> bool:
+        """Whether every gold passage of the current task has been retrieved (the expert's answer is right)."""
+        return all(t in self._seen_titles for t in self._task.supporting_titles)
 
     def random_action(self, rng) -> str | None:
         """A guess: answer with a capitalised word or a number drawn from the passages seen so far (the
@@ -166,7 +169,7 @@ class MultiHopQAEnv(TextEnv):
         ``guess="early"`` once every supporting passage has been seen). Free-text searches are never drawn."""
         if self._task is None or self._done or not self._seen_guesses:
             return None
-        if self.guess == "early" and all(t in self._seen_titles for t in self._task.supporting_titles):
+        if self.guess == "early" and self.found_all_support():
             return None
         guesses = self._seen_guesses
         if self.guess in ("typed", "early"):
