@@ -60,6 +60,9 @@ class GridConfig:
     group_size: int = 4  # rollouts per task for the group methods (the others use 1)
     out_dir: str = "runs/compare"
     base: dict = field(default_factory=dict)  # TrainConfig overrides for every cell, e.g. {"model": {"path": ...}}
+    # TrainConfig overrides for one algorithm's cells, applied after base, e.g. {"capo": {"algo_overrides":
+    # {"clip_low": 1e-3}}}: an action-level ratio and a token-level one do not share a clip range.
+    per_algo: dict = field(default_factory=dict)
 
     RENAMED: ClassVar[dict[str, str]] = {"trajectories_per_iteration": "episodes_per_batch"}  # old key: new key
 
@@ -108,6 +111,11 @@ def apply_grid(grid: GridConfig, updates: dict) -> GridConfig:
                 raise ConfigError(f"base is a mapping of TrainConfig keys, got {value!r}")
             _merge(grid.base, value)
             continue
+        if key == "per_algo":
+            if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+                raise ConfigError(f"per_algo maps an algorithm to TrainConfig keys, got {value!r}")
+            _merge(grid.per_algo, value)
+            continue
         if key in ("algos", "envs", "seeds"):
             value = _as_list(value, key)
         apply_updates(grid, {key: value})  # unknown keys and wrong types: the same messages as TrainConfig's
@@ -123,6 +131,7 @@ def load_grid(path: str | Path | None = None, overrides: Sequence[str] = (), fla
     apply_grid(grid, flags or {})
     check_grid(grid)
     grid.base = typed_base(grid.base)
+    grid.per_algo = {algo: typed_base(updates) for algo, updates in grid.per_algo.items()}
     return grid
 
 
@@ -192,11 +201,15 @@ def check_grid(grid: GridConfig) -> None:
                 f"episodes_per_batch ({grid.episodes_per_batch}) must be a multiple of "
                 f"group_size ({grid.group_size}) so the group methods see as many episodes as the others"
             )
-    flat = _flatten(grid.base)
-    for key, grid_key in GRID_OWNED.items():
-        if key in flat:
-            raise ConfigError(f"base.{key} is set by the grid; use the grid key {grid_key!r} instead")
-    apply_updates(TrainConfig(), copy.deepcopy(grid.base), "base.")  # unknown/mistyped base keys, with hints
+    for algo in grid.per_algo:  # a registered one the grid does not run is fine: `algos=capo` on a full grid
+        if algo not in ALGORITHMS:
+            raise ConfigError(f"per_algo.{algo}: unknown algorithm; choose from {list(ALGORITHMS)}")
+    for where, updates in [("base", grid.base)] + [(f"per_algo.{a}", u) for a, u in grid.per_algo.items()]:
+        flat = _flatten(updates)
+        for key, grid_key in GRID_OWNED.items():
+            if key in flat:
+                raise ConfigError(f"{where}.{key} is set by the grid; use the grid key {grid_key!r} instead")
+        apply_updates(TrainConfig(), copy.deepcopy(updates), f"{where}.")  # unknown/mistyped keys, with hints
     import capo_envs
 
     for spec in grid_envs(grid):
@@ -227,6 +240,7 @@ def cell_dir(grid: GridConfig, env: GridEnv, algo: str, seed: int) -> Path:
 def cell_config(grid: GridConfig, env: GridEnv, algo: str, seed: int) -> TrainConfig:
     config = TrainConfig()
     apply_updates(config, copy.deepcopy(grid.base), "base.")
+    apply_updates(config, copy.deepcopy(grid.per_algo.get(algo, {})), f"per_algo.{algo}.")
     group = grid.group_size if is_group_algo(algo) else 1
     config.algo, config.seed, config.iterations = algo, seed, grid.iterations
     config.env.id = env.id
@@ -237,7 +251,8 @@ def cell_config(grid: GridConfig, env: GridEnv, algo: str, seed: int) -> TrainCo
     config.rollout.episodes_per_batch = grid.episodes_per_batch
     # Written out (batch_shape would derive it) so the config matches cells started before episodes_per_batch.
     config.rollout.tasks_per_batch = batch_shape(config)[0]
-    if "eval_every" not in grid.base:  # the held-out numbers in the table come from the end of each cell
+    # The held-out numbers in the table come from the end of each cell.
+    if "eval_every" not in grid.base and "eval_every" not in grid.per_algo.get(algo, {}):
         config.eval_every = grid.iterations
     config.out_dir = str(cell_dir(grid, env, algo, seed))
     return config
@@ -399,6 +414,7 @@ def describe(grid: GridConfig, command: str | None) -> str:
         f"- envs: {', '.join(envs)}",
         f"- seeds: {', '.join(map(str, grid.seeds))}; iterations: {grid.iterations}; episodes per iteration: {T}",
         f"- base: {json.dumps(grid.base, sort_keys=True)}",
+        *[f"- {algo} only: {json.dumps(updates, sort_keys=True)}" for algo, updates in grid.per_algo.items()],
         "",
         ("Held-out success, EM, F1, invalid-action rate, actions and generated tokens per episode: greedy "
          "decoding at the end of each run; rollout success: sampled training episodes over the last tenth of "

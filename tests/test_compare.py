@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from capo_train.compare import GridConfig, cell_config, cell_dir, drain, grid_envs, load_grid, run_grid
+from capo_train.compare import GridConfig, cell_config, cell_dir, describe, drain, grid_envs, load_grid, run_grid
 from capo_train.compare_report import columns, markdown_table, run_metrics, summarise_seeds
 from capo_train.report import read_log
 from capo_train.cli import main
@@ -253,8 +253,28 @@ def test_grid_yaml_overrides_merge_and_cells_get_their_shapes(tmp_path):
     assert GridConfig().algos[:2] == ["capo", "ppo"] and len(GridConfig().algos) >= 8  # default: every algorithm
 
 
+def test_per_algo_settings_reach_only_that_algorithms_cells(tmp_path):
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump({
+        "algos": ["capo", "grpo"], "envs": ["capo/SynthHop-v0"], "iterations": 4,
+        "base": {"algo_overrides": {"bootstrap_truncated": False}},
+        "per_algo": {"capo": {"algo_overrides": {"clip_low": "1e-3", "clip_high": 1e-3}}, "ppo": {"eval_every": 2}},
+    }))
+    grid = load_grid(path, ["per_algo.grpo.optim.actor_lr=2e-4"])
+    env = grid_envs(grid)[0]
+    capo, grpo = cell_config(grid, env, "capo", 0), cell_config(grid, env, "grpo", 0)
+    assert capo.algo_overrides["clip_low"] == capo.algo_overrides["clip_high"] == 1e-3  # "1e-3" typed as a float
+    assert capo.algo_overrides["bootstrap_truncated"] is False  # base's algo_overrides kept, key by key
+    assert "clip_low" not in grpo.algo_overrides and grpo.algo_overrides["bootstrap_truncated"] is False
+    assert grpo.optim.actor_lr == 2e-4 and capo.optim.actor_lr == TrainConfig().optim.actor_lr
+    assert "- capo only: " in describe(grid, None) and '"clip_low": 0.001' in describe(grid, None)
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["algos=capo,nope"], "unknown algorithm 'nope'"),
+    (["per_algo.nope.seed=1"], "per_algo.nope: unknown algorithm"),
+    (["per_algo.capo.seed=1"], "per_algo.capo.seed is set by the grid"),
+    (["per_algo.capo.optim.lr=1"], "unknown config key 'per_algo.capo.optim.lr'"),
     (["envs=capo/SynthHopp-v0"], "unknown env 'capo/SynthHopp-v0'; did you mean 'capo/SynthHop-v0'"),
     (["iteratons=3"], "did you mean 'iterations'"),
     (["base.optim.lr=1"], "unknown config key 'base.optim.lr'"),

@@ -182,9 +182,9 @@ def test_real_hotpotqa_dev_records_hash_their_questions_answers_and_corpus():
     assert components(tasks, passages[:-1])["corpus"] != here["corpus"]
 
 
-def test_the_main_commands_held_out_tasks_are_the_synthchain_dev_panel():
-    """`capo train`'s held-out figure (the CPU preset, eval_split dev, 200 episodes) is played on exactly this
-    panel's tasks: expert_skill, the one kwarg the preset adds, changes only the demonstrator."""
+def test_the_default_runs_held_out_tasks_are_the_synthchain_dev_panel():
+    """`capo train`'s default held-out figure (the CPU preset, eval_split dev, 200 episodes) is played on exactly
+    this panel's tasks: expert_skill, the one kwarg the preset adds, changes only the demonstrator."""
     from capo_envs.core.registry import cpu_preset
 
     panel = PANELS["synthchain-k4-dev-200"]
@@ -194,6 +194,24 @@ def test_the_main_commands_held_out_tasks_are_the_synthchain_dev_panel():
     finally:
         env.close()
     assert cpu_preset(panel.env_id) == {**panel.kwargs, "expert_skill": 0.0}
+    assert (here["task_ids"], here["tasks"]) == (panel.pinned["task_ids"], panel.pinned["tasks"])
+
+
+def test_the_main_commands_held_out_tasks_are_the_synthhop_recipe_panel():
+    """The README's main command (`capo train --config configs/synthhop.yaml`) evaluates on exactly this
+    panel's tasks, whatever the demonstrator's guess (not scored)."""
+    from capo_envs.core.panels import matching_panel
+    from capo_train.config import load_config
+
+    config = load_config(Path(__file__).parents[1] / "configs" / "synthhop.yaml")
+    panel = matching_panel(config.env.id, config.env.kwargs, config.env.eval_split, config.eval_episodes)
+    assert panel is not None and panel.name == "synthhop-recipe-dev-100"
+    assert config.env.kwargs["guess"] == "early"
+    env = gym.make(panel.env_id, split="dev", **config.env.kwargs)
+    try:
+        here = fingerprint(panel, env)
+    finally:
+        env.close()
     assert (here["task_ids"], here["tasks"]) == (panel.pinned["task_ids"], panel.pinned["tasks"])
 
 

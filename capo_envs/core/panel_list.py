@@ -15,9 +15,12 @@ import json
 
 from .panel_model import Panel
 
-# Generated panels: the held-out figures the docs report (the main command's 200 dev episodes of SynthChain
-# k=4; Table 1's 100 SynthHop dev questions), a test panel of each env, and one per generated world size.
+# Generated panels: the held-out figures the docs report (the main command's 100 SynthHop dev questions;
+# `capo train`'s default, 200 dev episodes of SynthChain k=4; Table 1's 100 SynthHop dev questions), a test panel of each env, and one per generated world size.
 _SYNTHHOP_PRESET = {"size": "small", "k": 1, "max_passage_chars": 400, "question_kinds": ["bridge-2"]}
+# configs/synthhop.yaml (the README's main command) and docs/results/domains/synthhop/grid.yaml, less the
+# demonstrator's `guess` (not scored): the medium world holds 125 dev two-hop bridges.
+_SYNTHHOP_RECIPE = {"size": "medium", "k": 1, "max_passage_chars": 400, "question_kinds": ["bridge-2"]}
 _SYNTHHOP_TABLE1 = {"size": "small", "k": 1, "max_passage_chars": 200,
                     "question_kinds": ["bridge-2", "comparison"]}  # docs/results/table1/grid.yaml
 _BM25 = ("bm25s", "PyStemmer")  # the default BM25 library and its stemmer decide the search ranking
@@ -35,7 +38,7 @@ _PASA = {"reward": "gold", "retriever": "fts", "max_steps": 5, "search_limit": 1
 PANELS: dict[str, Panel] = {p.name: p for p in (
 
     Panel("synthchain-k4-dev-200", "capo/SynthChain-v0", "dev", 200, {"k": 4},
-          about="the main command's held-out figure: 200 dev tasks of 4 door decisions"),
+          about="`capo train`'s default held-out figure: 200 dev tasks of 4 door decisions"),
     Panel("synthchain-k4-test-64", "capo/SynthChain-v0", "test", 64, {"k": 4},
           about="64 test tasks of 4 door decisions"),
     Panel("synthchain-k8-test-64", "capo/SynthChain-v0", "test", 64, {"k": 8},
@@ -50,6 +53,8 @@ PANELS: dict[str, Panel] = {p.name: p for p in (
           about="every test two-hop bridge and comparison, as Table 1's env"),
     Panel("synthhop-preset-dev-50", "capo/SynthHop-v0", "dev", 50, _SYNTHHOP_PRESET, _BM25,
           about="the README's SynthHop figure: every dev two-hop bridge under the CPU preset"),
+    Panel("synthhop-recipe-dev-100", "capo/SynthHop-v0", "dev", 100, _SYNTHHOP_RECIPE, _BM25,
+          about="the main command's held-out figure: 100 dev two-hop bridges of the medium world, one passage"),
     Panel("synthhop-small-test-200", "capo/SynthHop-v0", "test", 200, {"size": "small"}, _BM25,
           about="every test question of the small world, env defaults (top-5, 1200-character passages)"),
     # Table 1 on diagnostic envs (docs/results/table1_diagnostics): 100 dev tasks per env.
@@ -171,6 +176,13 @@ _PINS: dict[str, dict[str, str]] = {
         "tasks": "abd0f1b2d53f54a1",
         "corpus": "BM25Retriever{\"analyzer\": \"lucene\", \"library\": \"bm25s\"} 3000 passages 8db5107370c39dcf top-1 ranking d9330c380785ced7",
         "expert": "success 1.000 b7ed13fa82e8eac8",
+        "packages": "bm25s=0.3.16 PyStemmer=3.1.0",
+    },
+    "synthhop-recipe-dev-100": {
+        "task_ids": "100 ids 7a8e59927db1c508",
+        "tasks": "c32f67544c7cc365",
+        "corpus": "BM25Retriever{\"analyzer\": \"lucene\", \"library\": \"bm25s\"} 20000 passages 85e55b1a093a5c04 top-1 ranking 0d566da635bdbd9c",
+        "expert": "success 1.000 333f4c622ee4ffde",
         "packages": "bm25s=0.3.16 PyStemmer=3.1.0",
     },
     "synthhop-small-test-200": {
