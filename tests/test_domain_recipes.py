@@ -93,6 +93,40 @@ def test_synthshop_first_hit_demonstrators_click_what_the_page_shows_first():
     with pytest.raises(ValueError, match="expert_mode"):
         gym.make("capo/SynthShop-v0", expert_mode="psychic")
 
+@needs_webshop
+def test_synthshop_buy_early_demonstrator_errs_only_by_skipping_the_options():
+    """mistake="buy-early": random_action buys now on the product page while an option the expert would click
+    is unchosen, and is None everywhere else, so a demonstrator that always errs buys the first hit with no
+    options and one that never errs is expert_mode="first"."""
+    kwargs = {"split": "dev", "max_steps": 10, "expert_mode": "first"}
+    careful, early = gym.make("capo/SynthShop-v0", **kwargs), gym.make("capo/SynthShop-v0", mistake="buy-early", **kwargs)
+    rng, scores, with_options = random.Random(0), {"careful": [], "early": []}, 0
+    for seed in range(40):
+        expert_actions, careful_info = play_expert(careful, seed)
+        early.reset(seed=seed)
+        actions, done = [], False
+        while not done:
+            action = early.unwrapped.random_action(rng) or early.unwrapped.expert_action()
+            actions.append(action)
+            _, _, terminated, truncated, info = early.step(action)
+            done = terminated or truncated
+        assert actions[:2] == expert_actions[:2]  # the same search and the same first hit: no other mistake
+        assert actions[-1] == "click[buy now]" and info["metrics"]["purchased"] == 1.0
+        if len(expert_actions) > 3:  # the expert clicked options: the early buyer skipped them all
+            with_options += 1
+            assert len(actions) == 3
+        else:
+            assert actions == expert_actions
+        scores["careful"].append(careful_info["metrics"]["score"])
+        scores["early"].append(info["metrics"]["score"])
+    assert with_options >= 10
+    assert sum(scores["careful"]) > sum(scores["early"]) + 0.05 * 40
+    early.reset(seed=0)
+    assert early.unwrapped.random_action(rng) is None  # the search page: the expert's search stands
+    with pytest.raises(ValueError, match="mistake"):
+        gym.make("capo/SynthShop-v0", mistake="rude")
+
+
 def test_synthscholar_random_action_expands_papers_in_the_pool_view():
     env = gym.make("capo/SynthScholar-v0", split="train", **SCHOLAR)
     obs, _ = env.reset(seed=0)

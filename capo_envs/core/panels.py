@@ -349,9 +349,9 @@ def panel_task_ids(panel: Panel, env: gym.Env) -> list[str]:
     return ids[: panel.size]
 
 
-# Kwargs that change only the expert/demonstrator, never what a policy's episode scores (the QA envs' ``guess``:
-# what an erring demonstrator answers).
-NOT_SCORED_KWARGS = frozenset({"expert_skill", "guess", "render_mode"})
+# Kwargs that change only the expert/demonstrator, never what a policy's episode scores (the QA envs' ``guess``,
+# what an erring demonstrator answers; the WebShop envs' ``mistake``, what it clicks).
+NOT_SCORED_KWARGS = frozenset({"expert_skill", "guess", "mistake", "render_mode"})
 
 
 def matching_panel(env_id: str, kwargs: Mapping[str, Any] | None, split: str, episodes: int) -> Panel | None:

@@ -47,6 +47,10 @@ NO_OPTIONS = -1.0  # r_option in info when the goal has no options (the original
 # options": the same product, then one option value per group drawn at random (fixed per task): a
 # demonstrator that never reads which options the instruction asks for.
 EXPERT_MODES = ("goal", "first", "first-random-options")
+# What random_action() plays, an erring demonstrator's mistake (a warm start's sft.expert_skill < 1): "click" any
+# clickable of the page; "buy-early" buy now on a product page whose options the expert would still click, and
+# nothing elsewhere (the expert acts): a demonstrator whose one mistake is buying before choosing the options.
+MISTAKES = ("click", "buy-early")
 MAX_PAGE_TURNS = 4  # the oracle pages at most this far (all of a 50-hit search at 10 a page), else searches the title
 
 
@@ -75,6 +79,7 @@ class ShopEnv(TextEnv):
         render_mode: str | None = None,
         expert_mode: str = "goal",
         results_per_page: int = PRODUCT_WINDOW,
+        mistake: str = "click",
     ):
         if importlib.util.find_spec("thefuzz") is None:
             raise ImportError("WebShop's reward needs thefuzz: pip install 'capo-gym[webshop]'")
@@ -82,6 +87,8 @@ class ShopEnv(TextEnv):
             raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
         if expert_mode not in EXPERT_MODES:
             raise ValueError(f"expert_mode must be one of {EXPERT_MODES}, got {expert_mode!r}")
+        if mistake not in MISTAKES:
+            raise ValueError(f"mistake must be one of {MISTAKES}, got {mistake!r}")
         if isinstance(results_per_page, bool) or not isinstance(results_per_page, int) or results_per_page < 1:
             raise ValueError(f"results_per_page must be a positive int, got {results_per_page!r}")
         if invalid_penalty is None:
@@ -96,6 +103,7 @@ class ShopEnv(TextEnv):
             raise ValueError("this split has no goals")
         self.store, self.search_engine, self.goals = store, search, list(goals)
         self.reward_kind, self.expert_mode, self.results_per_page = reward, expert_mode, results_per_page
+        self.mistake = mistake
         self.tagger = get_tagger(noun_tagger)
         self._ids = [f"{task_prefix}-{goal_offset + i}" for i in range(len(self.goals))]
         self._index = {task_id: i for i, task_id in enumerate(self._ids)}
@@ -149,10 +157,17 @@ class ShopEnv(TextEnv):
 
     def random_action(self, rng) -> str | None:
         """A random click among the page's clickables, in the action format (never a search: its keywords
-        are free text)."""
+        are free text); with ``mistake="buy-early"``, buy now where the expert would still click an option,
+        else None (the expert's action stands)."""
         session = self._session
         if self._done or session is None:
             return None
+        if self.mistake == "buy-early":
+            state = session.state
+            on_its_product = self._goal is not None and (self.expert_mode != "goal" or state.asin == self._goal["asin"])
+            if state.page != ITEM or not on_its_product or not self._options_to_click(state.asin, state.options):
+                return None
+            return self.protocol.render(Action("click", {"value": BUY_NOW.lower()}))
         shown = {asin.lower(): asin for asin in session._results}  # product IDs as the page shows them
         values = [shown.get(c, c) for c in session.clickables() if c != "search"]
         return self.protocol.render(Action("click", {"value": rng.choice(values)})) if values else None
