@@ -99,7 +99,8 @@ def test_synthshop_buy_early_demonstrator_errs_only_by_skipping_the_options():
     is unchosen, and is None everywhere else, so a demonstrator that always errs buys the first hit with no
     options and one that never errs is expert_mode="first"."""
     kwargs = {"split": "dev", "max_steps": 10, "expert_mode": "first"}
-    careful, early = gym.make("capo/SynthShop-v0", **kwargs), gym.make("capo/SynthShop-v0", mistake="buy-early", **kwargs)
+    careful = gym.make("capo/SynthShop-v0", **kwargs)
+    early = gym.make("capo/SynthShop-v0", mistake="buy-early", **kwargs)
     rng, scores, with_options = random.Random(0), {"careful": [], "early": []}, 0
     for seed in range(40):
         expert_actions, careful_info = play_expert(careful, seed)
