@@ -16,7 +16,8 @@ import json
 from .panel_model import Panel
 
 # Generated panels: the held-out figures the docs report (the main command's 100 SynthHop dev questions;
-# `capo train`'s default, 200 dev episodes of SynthChain k=4; Table 1's 100 SynthHop dev questions), a test panel of each env, and one per generated world size.
+# `capo train`'s default, 200 dev episodes of SynthChain k=4; Table 1's 100 SynthHop dev questions), a test
+# panel of each env, and one per generated world size.
 _SYNTHHOP_PRESET = {"size": "small", "k": 1, "max_passage_chars": 400, "question_kinds": ["bridge-2"]}
 # configs/synthhop.yaml (the README's main command) and docs/results/domains/synthhop/grid.yaml, less the
 # demonstrator's `guess` (not scored): the medium world holds 125 dev two-hop bridges.
