@@ -99,13 +99,17 @@ def markdown_table(rows: list[dict], grid) -> str:
 
 def learning_curve(records: list[dict], key: str = "rollout/success") -> list[tuple[float, float]]:
     """``(trajectories collected so far, record[key])`` for each RL iteration that logged ``key``:
-    training rollout success by default, ``eval/success`` for the held-out curve."""
+    training rollout success by default, ``eval/success`` for the held-out curve. A held-out key also
+    gets the warm start's evaluation (iteration 0) at x = 0, so a run evaluated only before and after RL
+    draws its gain as a line, not one point."""
     points, seen = [], 0.0
     for r in records:
         if r.get("iteration", 0) >= 1:
             seen += r.get("rollout/episodes", 0.0)
             if key in r:
                 points.append((seen, r[key]))
+        elif key.startswith("eval/") and key in r:
+            points.append((0.0, r[key]))
     return points
 
 

@@ -305,3 +305,15 @@ def test_the_old_grid_key_in_a_yaml_file_names_the_new_one(tmp_path):
 def test_capo_bench_says_it_was_renamed(capsys):
     assert main(["bench", "--algos", "capo"]) == 2
     assert "renamed: use `capo compare`" in capsys.readouterr().err
+
+
+def test_held_out_curve_starts_at_the_warm_start_evaluation():
+    """The held-out curve of a run evaluated before and after RL (eval_every = iterations, as the domain grids
+    run) is two points, the warm start's at x = 0; the training curve never gets an iteration-0 point."""
+    from capo_train.compare_report import learning_curve
+
+    records = [{"iteration": 0, "eval/success": 0.02},
+               *({"iteration": i, "rollout/episodes": 16.0, "rollout/success": 0.1 * i} for i in (1, 2)),
+               {"iteration": 2, "eval/success": 0.40}]
+    assert learning_curve(records, "eval/success") == [(0.0, 0.02), (32.0, 0.40)]
+    assert learning_curve(records) == [(16.0, 0.1), (32.0, 0.2)]
