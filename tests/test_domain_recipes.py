@@ -128,6 +128,45 @@ def test_synthshop_buy_early_demonstrator_errs_only_by_skipping_the_options():
         gym.make("capo/SynthShop-v0", mistake="rude")
 
 
+@needs_webshop
+def test_synthshop_option_handles_name_the_values_and_set_the_same_options():
+    """option_handles=True: the product page shows ``o1 black``, ``click[o1]`` sets that value and the value
+    itself is refused; the demonstrator clicks handles and buys exactly what it buys without them."""
+    kwargs = {"split": "dev", "max_steps": 10, "expert_mode": "first"}
+    plain = gym.make("capo/SynthShop-v0", **kwargs)
+    handled = gym.make("capo/SynthShop-v0", option_handles=True, **kwargs)
+    clicked_handles = 0
+    for seed in range(20):
+        _, plain_info = play_expert(plain, seed)
+        handled.reset(seed=seed)
+        done = False
+        while not done:
+            action = handled.unwrapped.expert_action()
+            session = handled.unwrapped._session
+            if session.state.page == "item" and action != "click[buy now]":
+                assert action[6:-1] in [f"o{i}" for i in range(1, 40)]
+                clicked_handles += 1
+            _, _, terminated, truncated, info = handled.step(action)
+            assert info["action_valid"]
+            done = terminated or truncated
+        assert info["metrics"] == plain_info["metrics"]
+    assert clicked_handles >= 5
+    handled.reset(seed=0)
+    handled.step(handled.unwrapped.expert_action())
+    obs, *_ = handled.step(handled.unwrapped.expert_action())  # the first hit's product page
+    session = handled.unwrapped._session
+    (first_group, first_values), *_ = session._product()["options"].items()
+    assert f"[SEP] {first_group} [SEP] o1 {first_values[0]} [SEP]" in obs
+    *_, info = handled.step(f"click[{first_values[0]}]")
+    assert not info["action_valid"]
+    *_, info = handled.step("click[O1]")  # the protocol lower-cases a click
+    assert info["action_valid"] and session.state.options == {first_group: first_values[0]}
+    *_, info = handled.step("click[o999]")
+    assert not info["action_valid"]
+    with pytest.raises(ValueError, match="option_handles"):
+        gym.make("capo/SynthShop-v0", option_handles="yes")
+
+
 def test_synthscholar_random_action_expands_papers_in_the_pool_view():
     env = gym.make("capo/SynthScholar-v0", split="train", **SCHOLAR)
     obs, _ = env.reset(seed=0)

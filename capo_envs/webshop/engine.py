@@ -14,6 +14,10 @@ templates/*.html):
 
 Deviation: the done page shows only the thanks and the score (the original also shows an MTurk code and
 the purchase details).
+
+``option_handles=True`` (a CPU preset, not the original): the item page names its option values by short
+handles, ``o1 black``, ``o2 beige``, numbered across the groups in page order, and ``click[o2]`` sets that value
+(the value itself is then not a clickable): a small model copies a 2-token handle where it miscopies values.
 """
 
 from __future__ import annotations
@@ -55,9 +59,10 @@ class ShopSession:
     """
 
     def __init__(self, store: ProductStore, search: ProductSearch, instruction: str, score: Callable[[Purchase], float],
-                 results_per_page: int = PRODUCT_WINDOW):
+                 results_per_page: int = PRODUCT_WINDOW, option_handles: bool = False):
         self.store = store
         self.results_per_page = results_per_page
+        self.option_handles = option_handles
         self.engine = search
         self.instruction = instruction
         self._score = score
@@ -68,6 +73,22 @@ class ShopSession:
         self.reward = 0.0
 
     # --- what is on the page ---------------------------------------------------------------------------
+    def option_entries(self) -> list[tuple[str, str, str]]:
+        """``(clickable, group, value)`` for each option value of the item page, in page order; the clickable
+        is the value, or with ``option_handles`` its handle (``o1``, ``o2``, ...)."""
+        groups = self._product()["options"].items()
+        entries = [(name, value) for name, values in groups for value in values]
+        if self.option_handles:
+            return [(f"o{i}", name, value) for i, (name, value) in enumerate(entries, 1)]
+        return [(value, name, value) for name, value in entries]
+
+    def option_clickable(self, group: str, value: str) -> str:
+        """What ``click[...]`` names to set ``group`` to ``value`` on this item page."""
+        for clickable, name, entry_value in self.option_entries():
+            if name == group and entry_value == value:
+                return clickable
+        return value
+
     def has_search_bar(self) -> bool:
         return self.state.page == SEARCH
 
@@ -91,8 +112,7 @@ class ShopSession:
             return [b.lower() for b in buttons] + [p["asin"].lower() for p in self._page_products()]
         if s.page == ITEM:
             buttons = [BACK_TO_SEARCH, PREV_PAGE, *SUB_PAGES, BUY_NOW]
-            values = [v for values in self._product()["options"].values() for v in values]
-            return [b.lower() for b in buttons] + values
+            return [b.lower() for b in buttons] + [clickable for clickable, _, _ in self.option_entries()]
         if s.page == SUB:
             return [BACK_TO_SEARCH.lower(), PREV_PAGE.lower()]
         return []
@@ -110,8 +130,9 @@ class ShopSession:
         elif s.page == ITEM:
             p = self._product()
             parts = [*head, BACK_TO_SEARCH, PREV_PAGE]
+            handles = iter(self.option_entries())
             for name, values in p["options"].items():
-                parts += [name, *values]
+                parts += [name, *(f"{next(handles)[0]} {value}" if self.option_handles else value for value in values)]
             parts += [p["Title"], f"Price: {p['Price']}", f"Rating: {p.get('Rating', 'N.A.')}", *SUB_PAGES, BUY_NOW]
         elif s.page == SUB:
             p = self._product()
@@ -169,10 +190,10 @@ class ShopSession:
             return self.reward
         elif s.page == ITEM and target in [b.lower() for b in SUB_PAGES]:
             s.page, s.sub_page = SUB, next(b for b in SUB_PAGES if b.lower() == target)
-        elif s.page == ITEM:  # an option value: set its group
-            for name, values in self._product()["options"].items():
-                if target in values:
-                    s.options[name] = target
+        elif s.page == ITEM:  # an option value (or its handle): set its group
+            for clickable, name, value in self.option_entries():
+                if target == clickable:
+                    s.options[name] = value
                     break
         elif s.page == SUB and target == PREV_PAGE.lower():
             s.page, s.sub_page = ITEM, None

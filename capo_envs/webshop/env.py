@@ -80,6 +80,7 @@ class ShopEnv(TextEnv):
         expert_mode: str = "goal",
         results_per_page: int = PRODUCT_WINDOW,
         mistake: str = "click",
+        option_handles: bool = False,
     ):
         if importlib.util.find_spec("thefuzz") is None:
             raise ImportError("WebShop's reward needs thefuzz: pip install 'capo-gym[webshop]'")
@@ -89,6 +90,8 @@ class ShopEnv(TextEnv):
             raise ValueError(f"expert_mode must be one of {EXPERT_MODES}, got {expert_mode!r}")
         if mistake not in MISTAKES:
             raise ValueError(f"mistake must be one of {MISTAKES}, got {mistake!r}")
+        if not isinstance(option_handles, bool):
+            raise ValueError(f"option_handles must be a bool, got {option_handles!r}")
         if isinstance(results_per_page, bool) or not isinstance(results_per_page, int) or results_per_page < 1:
             raise ValueError(f"results_per_page must be a positive int, got {results_per_page!r}")
         if invalid_penalty is None:
@@ -103,7 +106,7 @@ class ShopEnv(TextEnv):
             raise ValueError("this split has no goals")
         self.store, self.search_engine, self.goals = store, search, list(goals)
         self.reward_kind, self.expert_mode, self.results_per_page = reward, expert_mode, results_per_page
-        self.mistake = mistake
+        self.mistake, self.option_handles = mistake, option_handles
         self.tagger = get_tagger(noun_tagger)
         self._ids = [f"{task_prefix}-{goal_offset + i}" for i in range(len(self.goals))]
         self._index = {task_id: i for i, task_id in enumerate(self._ids)}
@@ -118,7 +121,7 @@ class ShopEnv(TextEnv):
     def _start(self, task_id: str) -> tuple[str, dict[str, Any]]:
         self._goal = self.goals[self._index[task_id]]
         self._session = ShopSession(self.store, self.search_engine, self._goal["instruction_text"], self._score,
-                                    results_per_page=self.results_per_page)
+                                    results_per_page=self.results_per_page, option_handles=self.option_handles)
         self._parts = None
         return self._session.observation(), {"instruction": self._goal["instruction_text"]}
 
@@ -224,8 +227,8 @@ class ShopEnv(TextEnv):
         if state.page == ITEM and by_goal and state.asin != target:
             return render(Action("click", {"value": PREV_PAGE.lower()}))
         if state.page == ITEM:
-            for value in self._options_to_click(state.asin, state.options):
-                return render(Action("click", {"value": value}))
+            for group, value in self._options_to_click(state.asin, state.options):
+                return render(Action("click", {"value": session.option_clickable(group, value)}))
             return render(Action("click", {"value": BUY_NOW.lower()}))
         if state.page == RESULTS and not by_goal and session._results:
             if state.page_num > 1:
@@ -250,28 +253,28 @@ class ShopEnv(TextEnv):
         product = self.store.get(self._goal["asin"]) if self._goal else None
         return (product or {}).get("Title", "").lower() or self.oracle_query()
 
-    def _options_to_click(self, asin: str, selected: Mapping[str, str]) -> list[str]:
-        """The option values of product ``asin`` still to click: those the goal asks for, or in
+    def _options_to_click(self, asin: str, selected: Mapping[str, str]) -> list[tuple[str, str]]:
+        """The ``(group, value)`` options of product ``asin`` still to click: those the goal asks for, or in
         ``expert_mode="first-random-options"`` one per group drawn at random (the same draw for a task every
         time, so that the demonstrations of a task agree)."""
         product = self.store.get(asin) or {}
         groups: Mapping[str, Sequence[str]] = product.get("options", {})
         if self.expert_mode == "first-random-options":
-            return [random.Random(f"{self._task_id}:{name}").choice(list(values))
+            return [(name, random.Random(f"{self._task_id}:{name}").choice(list(values)))
                     for name, values in groups.items() if values and name not in selected]
         wanted = self._goal["goal_options"]
         clicks = []
         if isinstance(wanted, Mapping):
             for name, value in wanted.items():
                 if value in groups.get(name, ()) and selected.get(name) != value:
-                    clicks.append(value)
+                    clicks.append((name, value))
             return clicks
         chosen = dict(selected)
         for option in wanted:
             best = _best_value(option, groups)
             if best is not None and chosen.get(best[0]) != best[1]:
                 chosen[best[0]] = best[1]
-                clicks.append(best[1])
+                clicks.append(best)
         return clicks
 
 
