@@ -4,6 +4,7 @@ handcoded expert wins (needs the ``alfworld`` extra; skipped without it)."""
 from __future__ import annotations
 
 import os
+import random
 import time
 from pathlib import Path
 
@@ -87,6 +88,50 @@ def test_same_task_same_game_and_the_expert_replays_the_same_walkthrough():
         walks.append(walk)
     assert walks[0] == walks[1] and terminated
     env.close()
+
+
+def test_skip_transform_demonstrator_skips_only_the_transform_and_then_loses():
+    """mistake="skip-transform": random_action is None until the expert would heat, cool or clean; there it goes to
+    the task's receptacle instead, and once that is played expert_action plays the same belief (move the object
+    there, look), so the game is lost; the default mistake stays a random admissible command."""
+    env = gym.make("capo/SynthHouse-v0", size="tiny", split="dev", max_steps=20, task_types=[3, 4, 5],
+                   mistake="skip-transform")
+    base, rng = env.unwrapped, random.Random(0)
+    for index in range(3):  # clean, heat, cool
+        obs, _ = env.reset(options={"task_index": index})
+        receptacle = obs.split("Your task is to: ")[1].split(".")[0].split()[-1]  # "... put it in sidetable."
+        commands, skipped_at, done = [], None, False
+        while not done:
+            expert = base.expert_action()
+            mistake = base.random_action(rng)
+            if mistake is None:
+                assert bare(expert).split()[0] not in ("heat", "cool", "clean")
+            elif skipped_at is None:  # the skip: where the expert would transform the object
+                skipped_at = len(commands)
+                assert bare(expert).split()[0] in ("heat", "cool", "clean")
+                assert base.expert_action() == expert  # proposing the skip changes nothing until it is played
+            else:  # once played, the expert plays the same belief
+                assert mistake == expert
+            _, _, terminated, truncated, info = env.step(mistake or expert)
+            assert info["action_valid"], info["invalid_reason"]
+            commands.append(info["command"])
+            done = terminated or truncated
+        assert truncated and info["metrics"]["success"] == 0.0, commands
+        assert commands[skipped_at].startswith(f"go to {receptacle} ")
+        moved = [c for c in commands[skipped_at:] if c.startswith(("move ", "put "))]
+        assert len(moved) == 1 and receptacle in moved[0] and commands[-1] == "look"
+        assert not any(c.split()[0] in ("heat", "cool", "clean") for c in commands)
+    plain = gym.make("capo/SynthHouse-v0", size="tiny", split="dev", max_steps=20)
+    plain.reset(options={"task_index": 0})
+    assert bare(plain.unwrapped.random_action(rng)) in plain.unwrapped.available_actions()
+    with pytest.raises(ValueError, match="mistake"):
+        gym.make("capo/SynthHouse-v0", mistake="forget")
+    env.close()
+    plain.close()
+
+
+def bare(action: str) -> str:
+    return action.removeprefix("<action>").removesuffix("</action>")
 
 
 def rss_mb(pid: int) -> float:

@@ -130,8 +130,8 @@ def test_synthshop_buy_early_demonstrator_errs_only_by_skipping_the_options():
 
 @needs_webshop
 def test_synthshop_option_handles_name_the_values_and_set_the_same_options():
-    """option_handles=True: the product page shows ``o1 black``, ``click[o1]`` sets that value and the value
-    itself is refused; the demonstrator clicks handles and buys exactly what it buys without them."""
+    """option_handles=True: the product page shows ``o1 black``, ``click[o1]`` (or ``click[o1 black]``) sets that
+    value and the value alone is refused; the demonstrator clicks handles and buys exactly what it buys without them."""
     kwargs = {"split": "dev", "max_steps": 10, "expert_mode": "first"}
     plain = gym.make("capo/SynthShop-v0", **kwargs)
     handled = gym.make("capo/SynthShop-v0", option_handles=True, **kwargs)
@@ -163,6 +163,12 @@ def test_synthshop_option_handles_name_the_values_and_set_the_same_options():
     assert info["action_valid"] and session.state.options == {first_group: first_values[0]}
     *_, info = handled.step("click[o999]")
     assert not info["action_valid"]
+    handle, group, value = session.option_entries()[-1]  # the whole segment as the page shows it names it too
+    assert handle != "o1" and value != first_values[0]
+    *_, info = handled.step(f"click[o1 {value}]")  # a handle with another entry's value names nothing
+    assert not info["action_valid"]
+    *_, info = handled.step(f"click[{handle}  {value.upper()}]")
+    assert info["action_valid"] and session.state.options[group] == value
     with pytest.raises(ValueError, match="option_handles"):
         gym.make("capo/SynthShop-v0", option_handles="yes")
 

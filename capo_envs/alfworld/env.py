@@ -19,6 +19,12 @@ PDDL engine with ALFWorld's wrappers) plays the chosen game, and the Gymnasium c
 - ``expert_action()``: the next command of ALFWorld's handcoded expert (``AlfredExpert``, "handcoded"), in
   the env's action format; "look" at reset, as in ALFWorld; None once the episode is over or the expert has
   given up;
+- ``random_action(rng)``: what an erring demonstrator (a warm start's ``sft.expert_skill`` < 1) plays instead
+  of the expert, by ``mistake``: ``"random"`` (default) a random admissible command, from which the expert
+  recovers; ``"skip-transform"`` one systematic mistake, at the step where the expert would heat, cool or
+  clean the object: skip it, go to the task's receptacle, move the object there and wait (``look``) believing
+  the task done; once a step has played the skip, ``expert_action()`` plays that belief to the end too (the
+  game is lost), and ``random_action`` returns None at every other step (the expert acts);
 - ``info["metrics"]`` at the end: ``success`` (won), ``nonadmissible`` (well-formed commands the engine did
   not accept), ``steps``, ``invalid_actions``; ``info["task_type"]`` on reset.
 
@@ -34,6 +40,7 @@ fresh process without the game; a reset that finds it dead starts a fresh one an
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -54,6 +61,12 @@ PRESETS = {
 }
 
 
+MISTAKES = ("random", "skip-transform")
+TRANSFORMS = ("heat", "cool", "clean")  # the expert's command at the appliance: "heat apple 2 with microwave 1"
+# "Your task is to: heat some egg and put it in countertop." / "put a hot apple in sidetable." -> "sidetable"
+TASK_RECEPTACLE = re.compile(r"your task is to: .* (?:in|on) (\w+)\.", re.IGNORECASE)
+
+
 def normalize_command(text: str) -> str:
     return " ".join(text.lower().split())
 
@@ -72,10 +85,13 @@ class HouseEnv(TextEnv):
         engine_timeout: float = 60.0,
         max_context_chars: int | None = None,
         render_mode: str | None = None,
+        mistake: str = "random",
     ):
         require_engine()
         if isinstance(max_steps, bool) or not isinstance(max_steps, int):
             raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
+        if mistake not in MISTAKES:
+            raise ValueError(f"mistake must be one of {list(MISTAKES)}, got {mistake!r}")
         super().__init__(
             make_protocol(action_format),
             max_steps=max_steps,
@@ -86,6 +102,11 @@ class HouseEnv(TextEnv):
         self.action_format = action_format
         self.win_reward = float(win_reward)
         self.show_actions = bool(show_actions)
+        self.mistake = mistake
+        self._receptacle: str | None = None  # the task's receptacle type ("sidetable"), from the task text
+        self._skipped: str | None = None  # with mistake="skip-transform": the object whose transform was skipped
+        self._moved = False  # ... and whether it has been moved to the receptacle (then the demonstrator waits)
+        self._proposed: tuple[str, str] | None = None  # (object, command) random_action last proposed to skip
         self._engine = Engine(call_timeout=float(engine_timeout))
         self._loaded: str | None = None  # the task whose game the engine process holds
         self._state: dict[str, Any] = {"feedback": "", "admissible": [], "won": False, "expert": None}
@@ -118,6 +139,9 @@ class HouseEnv(TextEnv):
             state = self._engine.call(self._load_request(task_id))
         self._loaded = task_id
         self._state = state
+        found = TASK_RECEPTACLE.search(state["feedback"])
+        self._receptacle, self._skipped, self._moved = (found.group(1).lower() if found else None), None, False
+        self._proposed = None
         info: dict[str, Any] = {"task_type": self.task_type(task_id)}
         if died is not None:
             info["engine_restarted"] = f"{died}; this episode runs in a fresh engine process"
@@ -134,6 +158,10 @@ class HouseEnv(TextEnv):
             self._steps = max(self._steps, self.max_steps)  # TextEnv ends the episode as truncated
             return Outcome(f"The game engine failed ({error}). The episode ends here.")
         self._state = state
+        if self._proposed is not None and command == self._proposed[1]:  # the demonstrator played the skip
+            self._skipped = self._proposed[0]
+        self._proposed = None
+        self._moved = self._moved or (admissible and self._moves_skipped(command))
         reward = 0.0
         if not admissible:
             self._nonadmissible += 1
@@ -151,16 +179,50 @@ class HouseEnv(TextEnv):
         return list(self._state["admissible"])
 
     def random_action(self, rng) -> str | None:
-        """A random admissible command in the action format (``available_actions`` lists bare commands)."""
+        """The erring demonstrator's command in the action format, by ``mistake`` (module docstring): a random
+        admissible command, or the skipped transform's next step (None where there is nothing to skip)."""
         if self._done or not self._state.get("admissible"):
             return None
-        command = rng.choice(list(self._state["admissible"]))
-        return self.protocol.render(Action(next(iter(self.protocol.tools)), {"command": command}))
+        if self.mistake == "skip-transform":
+            verb, _, rest = (self._state.get("expert") or "").partition(" ")
+            skipped = self._skipped
+            if skipped is None and verb in TRANSFORMS and self._receptacle is not None:
+                skipped = rest.split(" with ")[0]  # "apple 2"; the skip counts once a step plays it
+            if skipped is None:
+                return None
+            self._proposed = (skipped, self._skip_command(skipped))
+            return self._render(self._proposed[1])
+        return self._render(rng.choice(list(self._state["admissible"])))
 
     def expert_action(self) -> str | None:
-        if self._done or not self._state.get("expert"):
+        if self._done:
             return None
-        return self.protocol.render(Action(next(iter(self.protocol.tools)), {"command": self._state["expert"]}))
+        if self._skipped is not None:  # the demonstrator skipped the transform: it plays that belief to the end
+            return self._render(self._skip_command(self._skipped))
+        return self._render(self._state["expert"]) if self._state.get("expert") else None
+
+    def _skip_command(self, skipped: str) -> str:
+        """After a skipped transform: move the object to the task's receptacle (going there and opening it
+        first), then look."""
+        admissible = sorted(self._state["admissible"])
+        if not self._moved:
+            for command in admissible:
+                if self._moves_skipped(command, skipped):
+                    return command
+            for verb in ("open", "go to"):  # a closed receptacle (a drawer) is opened before anything goes in
+                for command in admissible:
+                    if re.fullmatch(rf"{verb} {self._receptacle} \d+", command):
+                        return command
+        return "look"
+
+    def _moves_skipped(self, command: str, skipped: str | None = None) -> bool:
+        """Whether ``command`` moves the object whose transform was skipped to the task's receptacle."""
+        skipped = skipped or self._skipped
+        move = rf"(?:move|put) {re.escape(skipped or '')} (?:to|in|on|in/on) {self._receptacle} \d+"
+        return skipped is not None and re.fullmatch(move, command) is not None
+
+    def _render(self, command: str) -> str:
+        return self.protocol.render(Action(next(iter(self.protocol.tools)), {"command": command}))
 
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict]:
         self._step_note = None

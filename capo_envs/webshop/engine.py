@@ -16,8 +16,9 @@ Deviation: the done page shows only the thanks and the score (the original also 
 the purchase details).
 
 ``option_handles=True`` (a CPU preset, not the original): the item page names its option values by short
-handles, ``o1 black``, ``o2 beige``, numbered across the groups in page order, and ``click[o2]`` sets that value
-(the value itself is then not a clickable): a small model copies a 2-token handle where it miscopies values.
+handles, ``o1 black``, ``o2 beige``, numbered across the groups in page order, and ``click[o2]`` (or the segment,
+``click[o2 beige]``) sets that value (the value alone is then not a clickable): a small model copies a 2-token
+handle where it miscopies values.
 """
 
 from __future__ import annotations
@@ -89,6 +90,16 @@ class ShopSession:
                 return clickable
         return value
 
+    def resolve_click(self, target: str) -> str:
+        """The clickable ``click[target]`` names: with ``option_handles`` a whole option segment as the page shows
+        it (``o2 navy``, as WebShop's text pages make each [SEP] segment a clickable's text) names its handle."""
+        if self.option_handles and self.state.page == ITEM:
+            shown = " ".join(target.split()).lower()
+            for clickable, _, value in self.option_entries():
+                if shown == f"{clickable} {value}".lower():
+                    return clickable
+        return target
+
     def has_search_bar(self) -> bool:
         return self.state.page == SEARCH
 
@@ -154,7 +165,7 @@ class ShopSession:
             return None if arg.strip() else "search needs keywords"
         if name != "click":
             return f"unknown action {name!r}; use search[...] or click[...]"
-        if arg == "search" or arg not in self.clickables():
+        if arg == "search" or self.resolve_click(arg) not in self.clickables():
             return f"{arg[:60]!r} is not a clickable on this page"
         return None
 
@@ -172,7 +183,7 @@ class ShopSession:
 
     def click(self, target: str) -> float:
         """Apply a valid click; returns the reward (non-zero only for "buy now")."""
-        s = self.state
+        s, target = self.state, self.resolve_click(target)
         if target == BACK_TO_SEARCH.lower():
             self.state = PageState()
         elif s.page == RESULTS and target == NEXT_PAGE.lower():
