@@ -161,7 +161,7 @@ class HouseEnv(TextEnv):
         if self._proposed is not None and command == self._proposed[1]:  # the demonstrator played the skip
             self._skipped = self._proposed[0]
         self._proposed = None
-        self._moved = self._moved or (admissible and self._moves_skipped(command))
+        self._moved = self._moved or (admissible and self._moves_skipped(command, self._skipped))
         reward = 0.0
         if not admissible:
             self._nonadmissible += 1
@@ -215,11 +215,12 @@ class HouseEnv(TextEnv):
                         return command
         return "look"
 
-    def _moves_skipped(self, command: str, skipped: str | None = None) -> bool:
-        """Whether ``command`` moves the object whose transform was skipped to the task's receptacle."""
-        skipped = skipped or self._skipped
-        move = rf"(?:move|put) {re.escape(skipped or '')} (?:to|in|on|in/on) {self._receptacle} \d+"
-        return skipped is not None and re.fullmatch(move, command) is not None
+    def _moves_skipped(self, command: str, skipped: str | None) -> bool:
+        """Whether ``command`` moves ``skipped`` (the object whose transform was skipped) to the task's receptacle."""
+        if skipped is None:  # every step of every env asks: no pattern to build unless a transform was skipped
+            return False
+        move = rf"(?:move|put) {re.escape(skipped)} (?:to|in|on|in/on) {self._receptacle} \d+"
+        return re.fullmatch(move, command) is not None
 
     def _render(self, command: str) -> str:
         return self.protocol.render(Action(next(iter(self.protocol.tools)), {"command": command}))
