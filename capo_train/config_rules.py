@@ -80,6 +80,7 @@ CONFIG_RULES: dict[str, Rule] = {
     "optim.grad_clip": POSITIVE,
     "optim.ppo_epochs": _int_at_least(1),
     "optim.minibatch_rows": _int_at_least(1),
+    "optim.target_kl": _or_null(POSITIVE),
     "sft.episodes": _int_at_least(0),
     "sft.tasks": _int_at_least(0),
     "sft.epochs": _int_at_least(1),

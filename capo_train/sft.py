@@ -12,6 +12,7 @@ import math
 import random
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 
 import gymnasium as gym
@@ -72,6 +73,15 @@ def expert_trajectories(
                                  max_prompt_tokens=sys.maxsize)
         trajectories.append(episode.traj)
     return trajectories
+
+
+def actions_over_limit(trajectories: Sequence[Trajectory], limit: int) -> tuple[int, int]:
+    """``(how many demonstrated actions have more than limit tokens, the longest's length)``. The policy
+    generates at most ``rollout.max_action_tokens`` tokens an action, so a cloned action longer than that is
+    cut before its closing tag when the policy plays it: an invalid step wherever the demonstrator took a
+    long step (SynthHouse's `take butterknife 1 from sinkbasin 2` is 18 SmolLM2 tokens with its tags)."""
+    lengths = [len(action.action_ids) for trajectory in trajectories for action in trajectory.actions]
+    return sum(n > limit for n in lengths), max(lengths, default=0)
 
 
 def sft_minibatches(batch: RowBatch, size: int, generator: torch.Generator, *, by_length: bool = False):
@@ -136,6 +146,14 @@ def behaviour_clone(model: ActorCritic, tokenizer, config: TrainConfig, env: gym
                                        window=config.rollout.window, seed=config.seed,
                                        task_pool=warm_start_tasks(config, env)[0],
                                        expert_skill=sft.expert_skill, progress=progress)
+    limit = config.rollout.max_action_tokens
+    too_long, longest = actions_over_limit(trajectories, limit)
+    if too_long:  # said before the clone trains: a recipe that cuts its own demonstrations should stop early
+        message = (f"{too_long} demonstrated actions are longer than rollout.max_action_tokens={limit} "
+                   f"(the longest has {longest} tokens): the policy is cut off before it finishes them, so they "
+                   f"are invalid when it plays; raise rollout.max_action_tokens to at least {longest}")
+        progress.say(message)
+        warnings.warn(message, stacklevel=2)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     device = next(model.parameters()).device
     batch = build_rows(trajectories, layout, pad_id).to(device)
@@ -178,6 +196,8 @@ def behaviour_clone(model: ActorCritic, tokenizer, config: TrainConfig, env: gym
     record = {
         "sft/episodes": float(len(trajectories)),
         "sft/actions": float(batch.num_actions),
+        "sft/action_tokens_max": float(longest),
+        "sft/actions_over_limit": float(too_long),
         "sft/expert_success": expert_success,
         "sft/steps": float(step),
         "sft/loss_first": losses[0],

@@ -314,6 +314,8 @@ def _update_actor(model, optimizers, algo, batch, targets, config, generator, ac
     kl_coef = 0.0 if algo.kl_in_reward else algo.kl_coef  # a loss term unless it went into the reward
     entropy_coef = algo.settings.get("entropy_coef", 0.0)
     ratio_mode = "capo" if algo.ratio_mode == "token" else algo.ratio_mode
+    target_kl = config.optim.target_kl
+    steps, stopped = 0, False
     for _ in range(config.optim.ppo_epochs):
         for mb in minibatches(batch, config.optim.minibatch_rows, generator, count):
             out = model(
@@ -331,6 +333,10 @@ def _update_actor(model, optimizers, algo, batch, targets, config, generator, ac
             if advantages.dim() == 2:
                 advantages = advantages[:, :L]
             loss, diag = algo.policy_loss(logp, mb.old_logp, advantages, mb.action_mask)
+            if target_kl is not None and moved_too_far(diag["approx_kl"], target_kl, accelerator):
+                stats["actor/approx_kl_at_stop"] = float(diag["approx_kl"])
+                stopped = True  # this mini-batch and the rest are not stepped on; the next iteration samples afresh
+                break
             if probe is not None:  # capo view: each action's ratio and clip decision (episodes.py)
                 probe(mb.action_id, logp, mb.old_logp, advantages, mb.action_mask)
             if kl_coef > 0:
@@ -350,9 +356,25 @@ def _update_actor(model, optimizers, algo, batch, targets, config, generator, ac
                 loss = loss + v_loss
                 params, opts = params + list(inner.critic_parameters()), opts + [optimizers["critic"]]
             optimizer_step(loss, params, opts, config.optim.grad_clip, stats, "actor", accelerator)
+            steps += 1
             for key, value in diag.items():
                 stats.setdefault(f"actor/{key}", []).append(float(value))
             ratio_spread(logp.detach(), mb, ratio_mode, stats)
+        if stopped:
+            break
+    if target_kl is not None:
+        stats["actor/steps"] = float(steps)
+        stats["actor/stopped_early"] = float(stopped)
+
+
+def moved_too_far(approx_kl: torch.Tensor, target_kl: float, accelerator=None) -> bool:
+    """Whether a mini-batch's ``approx_kl`` (the k3 estimate of KL(pi_old || pi) per action token, before
+    its step) exceeds ``optim.target_kl``. Every process decides on the mean over processes, so that all
+    stop at the same mini-batch (their gradient all-reduce would otherwise wait forever)."""
+    kl = approx_kl.detach().reshape(1).float()
+    if accelerator is not None and accelerator.num_processes > 1:
+        kl = accelerator.reduce(kl.to(accelerator.device), reduction="mean")
+    return kl.item() > target_kl
 
 
 def ratio_spread(logp: torch.Tensor, mb: RowBatch, mode: str, stats: dict) -> None:

