@@ -114,7 +114,7 @@ class OptimConfig:
     ppo_epochs: int = 1
     minibatch_rows: int = 8
     # Stop the actor's mini-batch steps of an iteration once a mini-batch's approx_kl to the rollout policy
-    # (measured before its step) exceeds this (Stable-Baselines3's PPO target_kl; it skips at 1.5x its value).
+    # (measured before its step) exceeds this, as Stable-Baselines3's PPO target_kl (which stops at 1.5x it).
     # With per-action rows an iteration makes rows / minibatch_rows steps (SynthHouse: ~40), which at a LoRA
     # lr can carry the policy far from the one that sampled the batch. None: every mini-batch steps.
     target_kl: float | None = None
