@@ -148,7 +148,7 @@ def behaviour_clone(model: ActorCritic, tokenizer, config: TrainConfig, env: gym
                                        expert_skill=sft.expert_skill, progress=progress)
     limit = config.rollout.max_action_tokens
     too_long, longest = actions_over_limit(trajectories, limit)
-    if too_long:  # said before the clone trains: a recipe that cuts its own demonstrations should stop early
+    if too_long:  # said before the clone trains, so that a run which cuts its own demonstrations can be stopped
         message = (f"{too_long} demonstrated actions are longer than rollout.max_action_tokens={limit} "
                    f"(the longest has {longest} tokens): the policy is cut off before it finishes them, so they "
                    f"are invalid when it plays; raise rollout.max_action_tokens to at least {longest}")
