@@ -152,7 +152,6 @@ def behaviour_clone(model: ActorCritic, tokenizer, config: TrainConfig, env: gym
         message = (f"{too_long} demonstrated actions are longer than rollout.max_action_tokens={limit} "
                    f"(the longest has {longest} tokens): the policy is cut off before it finishes them, so they "
                    f"are invalid when it plays; raise rollout.max_action_tokens to at least {longest}")
-        progress.say(message)
         warnings.warn(message, stacklevel=2)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     device = next(model.parameters()).device

