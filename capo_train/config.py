@@ -57,6 +57,9 @@ class RolloutConfig:
     group_size: int = 0  # 0: the algorithm's default (1 for capo/ppo, 8 for the group methods)
     state: str = "concat"  # "concat" or "window"
     window: int = 2
+    # window only: also list up to this many actions taken before the window (text only; -1: all), so that the
+    # policy knows where the episode has been (capo_train/states.py, WindowState)
+    earlier_actions: int = 0
     layout: str = "packed"  # "packed" (concat only) or "per_action"
     max_action_tokens: int = 40
     max_prompt_tokens: int = 1024
@@ -354,6 +357,8 @@ def validate(config: TrainConfig) -> None:
             raise ConfigError("env.kwargs must not set split: set env.train_split and env.eval_split")
     env_spec(config.env.id)
     _check_rollout_backend(config)
+    if config.rollout.earlier_actions and config.rollout.state != "window":
+        raise ConfigError("rollout.earlier_actions needs rollout.state=window (a concat state holds every action already)")
     if config.rollout.layout == "packed" and config.rollout.state != "concat":
         raise ConfigError("rollout.layout=packed needs rollout.state=concat (window prompts are rebuilt each step)")
     tasks, group = batch_shape(config)

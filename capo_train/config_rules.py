@@ -64,6 +64,7 @@ CONFIG_RULES: dict[str, Rule] = {
     "rollout.group_size": _int_at_least(0),
     "rollout.state": _one_of("concat", "window"),
     "rollout.window": _int_at_least(0),
+    "rollout.earlier_actions": _int_at_least(-1),
     "rollout.layout": _one_of("packed", "per_action"),
     "rollout.max_action_tokens": _int_at_least(1),
     "rollout.max_prompt_tokens": _int_at_least(1),

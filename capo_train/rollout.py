@@ -78,7 +78,7 @@ class RolloutSettings:
     max_action_tokens  most tokens one action may have (generation stops there).
     max_prompt_tokens  a longer state ends its episode before generating (see :func:`collect`).
     state              "concat" (:class:`ConcatState`) or "window" (:class:`WindowState`, the last ``window``
-                       (observation, action) pairs).
+                       (observation, action) pairs, and up to ``earlier_actions`` actions before them).
     temperature        sampling temperature; ``greedy`` decodes the most likely token instead.
     instructions       text added to the system prompt after the env's protocol instructions.
     """
@@ -87,6 +87,7 @@ class RolloutSettings:
     max_prompt_tokens: int
     state: str = "concat"
     window: int = 2
+    earlier_actions: int = 0
     temperature: float = 1.0
     greedy: bool = False
     instructions: str = ""
@@ -98,7 +99,8 @@ class RolloutSettings:
     @classmethod
     def from_config(cls, rollout: RolloutConfig) -> RolloutSettings:
         return cls(max_action_tokens=rollout.max_action_tokens, max_prompt_tokens=rollout.max_prompt_tokens,
-                   state=rollout.state, window=rollout.window, temperature=rollout.temperature)
+                   state=rollout.state, window=rollout.window, earlier_actions=rollout.earlier_actions,
+                   temperature=rollout.temperature)
 
     def for_evaluation(self) -> RolloutSettings:
         """Greedy decoding, as the authors' validation runs (AgentR1/CAPO launch scripts: T = 0); the
@@ -186,6 +188,7 @@ def collect(
             for (env, task_id, episode_seed, e), first in zip(starts, firsts):
                 episode = start_episode(env, fmt, task_id, seed=episode_seed, traj_id=e, group_id=e // group_size,
                                         state=settings.state, window=settings.window,
+                                        earlier_actions=settings.earlier_actions,
                                         instructions=settings.instructions, first=first)
                 trajectories.append(episode.traj)
                 live.append(episode)
@@ -264,6 +267,7 @@ def start_episode(
     group_id: int,
     state: str = "concat",
     window: int = 2,
+    earlier_actions: int = 0,
     instructions: str = "",
     first: tuple[Any, dict] | None = None,
 ) -> _Episode:
@@ -274,7 +278,8 @@ def start_episode(
     obs = _text(obs, env, "reset")
     protocol, stop = read_protocol(info, env)
     system = "\n\n".join(part for part in (protocol, instructions) if part)
-    builder = ConcatState(fmt, system, obs) if state == "concat" else WindowState(fmt, system, obs, window)
+    builder = (ConcatState(fmt, system, obs) if state == "concat"
+               else WindowState(fmt, system, obs, window, earlier_actions))
     traj = Trajectory(traj_id=traj_id, task_id=str(task_id), group_id=group_id, actions=[], terminated=False,
                       truncated=False, metrics={}, anchors=[])
     return _Episode(env, traj, builder, stop, obs)

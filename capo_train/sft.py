@@ -34,6 +34,7 @@ def expert_trajectories(
     episodes: int,
     state: str = "concat",
     window: int = 2,
+    earlier_actions: int = 0,
     seed: int = 0,
     task_pool: Sequence[str] | None = None,
     expert_skill: float = 1.0,
@@ -58,7 +59,8 @@ def expert_trajectories(
     fmt = ChatFormat(tokenizer)
     trajectories = []
     for n, task_id in enumerate(progress.bar(task_ids, "expert episodes")):
-        episode = start_episode(env, fmt, task_id, seed=seed + n, traj_id=n, group_id=n, state=state, window=window)
+        episode = start_episode(env, fmt, task_id, seed=seed + n, traj_id=n, group_id=n, state=state, window=window,
+                                earlier_actions=earlier_actions)
         going = True
         while going:
             text = None
@@ -143,7 +145,8 @@ def behaviour_clone(model: ActorCritic, tokenizer, config: TrainConfig, env: gym
     progress.say(f"warm start: behaviour-cloning {sft.episodes} expert episodes")
     layout = config.rollout.layout if config.rollout.state == "concat" else "per_action"
     trajectories = expert_trajectories(env, tokenizer, episodes=sft.episodes, state=config.rollout.state,
-                                       window=config.rollout.window, seed=config.seed,
+                                       window=config.rollout.window,
+                                       earlier_actions=config.rollout.earlier_actions, seed=config.seed,
                                        task_pool=warm_start_tasks(config, env)[0],
                                        expert_skill=sft.expert_skill, progress=progress)
     limit = config.rollout.max_action_tokens

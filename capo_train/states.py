@@ -4,7 +4,8 @@
   chat. Every state is a prefix of the later ones, so the ``packed`` row layout applies.
 - :class:`WindowState` (``rollout.state=window``): the prompt is rebuilt each step from the task, the last
   ``k`` (observation, action) pairs and the current observation, as the CAPO recipes do for ALFWorld and
-  WebShop (the authors' code: AgentR1/CAPO, ``recipe/<env>/``). Only the ``per_action`` layout applies.
+  WebShop (the authors' code: AgentR1/CAPO, ``recipe/<env>/``), optionally with the actions taken before
+  the window as a list (``rollout.earlier_actions``). Only the ``per_action`` layout applies.
 
 Both write text through :class:`ChatFormat`: the tokenizer's chat template when it has one, otherwise a
 plain ``User: ... / Assistant:`` format.
@@ -114,15 +115,23 @@ class WindowState:
     """A prompt rebuilt every step: the task (first observation), the last ``k`` (observation, action)
     pairs, the current observation, in one user message after the system prompt.
 
+    ``earlier_actions`` > 0 also lists up to that many of the actions taken before the window (their text
+    only, not what they observed); -1 lists all of them. A window forgets where an episode has been: on
+    SynthHouse a clone with a window of 2 went back to the fridge it had just searched, over and over. The
+    actions alone are short (~10 tokens each) where observations are long, so the memory stays cheap.
+
     The history's actions appear as their decoded text: they are part of a state here, not the action
     being trained, so re-tokenising them is harmless. ``advance`` still returns the observation's chat
     tokens, so records look the same in both modes.
     """
 
-    def __init__(self, fmt: ChatFormat, system: str, first_obs: str, k: int):
+    def __init__(self, fmt: ChatFormat, system: str, first_obs: str, k: int, earlier_actions: int = 0):
         if k < 0:
             raise ValueError(f"window must be >= 0, got {k}")
+        if earlier_actions < -1:
+            raise ValueError(f"earlier_actions must be >= -1 (-1: all), got {earlier_actions}")
         self.fmt, self.system, self.task, self.k = fmt, system, first_obs, k
+        self.earlier_actions = earlier_actions
         self.history: list[tuple[str, str]] = []  # (observation before the action, action text)
         self.current = first_obs
 
@@ -134,7 +143,12 @@ class WindowState:
         if not self.history:
             return self.task
         parts = [f"Task:\n{self.task}"]
-        for i in range(max(0, len(self.history) - self.k), len(self.history)):
+        window_start = max(0, len(self.history) - self.k)
+        if self.earlier_actions and window_start > 0:
+            first = 0 if self.earlier_actions < 0 else max(0, window_start - self.earlier_actions)
+            listed = "\n".join(f"Step {i + 1}: {self.history[i][1]}" for i in range(first, window_start))
+            parts.append(f"Earlier actions:\n{listed}")
+        for i in range(window_start, len(self.history)):
             observation, action = self.history[i]
             if i > 0:
                 parts.append(f"Step {i + 1} observation:\n{observation}")

@@ -79,6 +79,8 @@ def test_algo_overrides_another_algorithm_uses_are_dropped_typos_are_errors():
         (["rollout.group_size=-2"], "rollout.group_size must be >= 0 (an integer), got -2"),
         (["rollout.episodes_per_batch=0"], "rollout.episodes_per_batch must be >= 1"),
         (["rollout.window=-1"], "rollout.window must be >= 0"),
+        (["rollout.earlier_actions=-2"], "rollout.earlier_actions must be >= -1"),
+        (["rollout.earlier_actions=3"], "rollout.earlier_actions needs rollout.state=window"),
         (["rollout.max_prompt_tokens=0"], "rollout.max_prompt_tokens must be >= 1"),
         (["rollout.temperature=0"], "rollout.temperature must be a finite number > 0"),
         (["eval_episodes=-1"], "eval_episodes must be >= 0"),

@@ -329,7 +329,8 @@ def test_a_recipes_policy_can_write_every_action_its_demonstrator_takes(name):
     env = make_envs(config, "train", 1)[0]
     try:
         trajectories = expert_trajectories(env, tokenizer, episodes=8, state=config.rollout.state,
-                                           window=config.rollout.window, seed=0,
+                                           window=config.rollout.window,
+                                           earlier_actions=config.rollout.earlier_actions, seed=0,
                                            expert_skill=config.sft.expert_skill)
     finally:
         env.close()

@@ -164,6 +164,25 @@ def test_window_state_keeps_the_task_and_the_last_k_steps(tokenizer):
     )
 
 
+def test_window_state_lists_the_actions_before_the_window(tokenizer):
+    """earlier_actions: the actions the window has forgotten, as a list (their text, not what they saw)."""
+    fmt = ChatFormat(tokenizer)
+    everything, last_two = WindowState(fmt, "Rules.", "Q?", k=1, earlier_actions=-1), WindowState(
+        fmt, "Rules.", "Q?", k=1, earlier_actions=2)
+    for state in (everything, last_two):
+        state.advance([5], "act0", "obs0")
+        assert "Earlier actions" not in state.text()  # nothing has left the window yet
+        for i in range(1, 4):
+            state.advance([5], f"act{i}", f"obs{i}")
+    window = "Step 4 observation:\nobs2\n\nStep 4 action:\nact3\n\nCurrent observation (step 5):\nobs3"
+    assert everything.text() == (
+        "Task:\nQ?\n\nEarlier actions:\nStep 1: act0\nStep 2: act1\nStep 3: act2\n\n" + window)
+    assert last_two.text() == "Task:\nQ?\n\nEarlier actions:\nStep 2: act1\nStep 3: act2\n\n" + window
+    assert "obs0" not in everything.text() and "obs1" not in everything.text()
+    with pytest.raises(ValueError, match="earlier_actions must be >= -1"):
+        WindowState(fmt, "Rules.", "Q?", k=1, earlier_actions=-2)
+
+
 # ----------------------------------------------------------------------------- the HF backend
 
 
@@ -326,10 +345,11 @@ def test_rollout_settings_come_from_the_config_once():
     from capo_train.config import load_config
 
     config = load_config(None, ["rollout.max_action_tokens=7", "rollout.state=window", "rollout.window=3",
-                                "rollout.layout=per_action", "rollout.temperature=0.5"])
+                                "rollout.earlier_actions=-1", "rollout.layout=per_action", "rollout.temperature=0.5"])
     settings = RolloutSettings.from_config(config.rollout)
     assert (settings.max_action_tokens, settings.max_prompt_tokens) == (7, config.rollout.max_prompt_tokens)
-    assert (settings.state, settings.window, settings.temperature, settings.greedy) == ("window", 3, 0.5, False)
+    assert (settings.state, settings.window, settings.earlier_actions) == ("window", 3, -1)
+    assert (settings.temperature, settings.greedy) == (0.5, False)
     held_out = settings.for_evaluation()  # greedy; the same budgets and states as training
     assert (held_out.greedy, held_out.temperature, held_out.state, held_out.max_action_tokens) == (True, 1.0, "window", 7)
     assert not settings.greedy  # a copy: the training settings are unchanged (and frozen)

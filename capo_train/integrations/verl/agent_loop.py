@@ -3,7 +3,7 @@
 One dataset row = one episode. Its ``extra_info`` says which env and task (:func:`.dataset.task_row` writes
 such rows): ``env_id``, ``env_kwargs`` (dict), ``task_id`` (a task id, or for an env without
 ``task_ids()`` its reset seed), ``seed``, and optionally ``state`` ("concat" | "window"), ``window``,
-``instructions``. The loop plays the episode exactly as capo_train's rollout does (the same
+``earlier_actions``, ``instructions``. The loop plays the episode exactly as capo_train's rollout does (the same
 ``start_episode`` / ``step_episode`` / ``ChatFormat``: identical prompt tokens and records), with verl's
 async server for generation (token ids in, token ids and log-probs out) and env calls in a thread
 (``asyncio.to_thread``) so that a slow env step does not block the worker's event loop, which the CAPO
@@ -96,6 +96,7 @@ class CapoEnvAgentLoop(AgentLoopBase):
         episode = await asyncio.to_thread(
             start_episode, env, fmt, str(spec.get("task_id", spec.get("seed", 0))), seed=int(spec.get("seed", 0)),
             traj_id=0, group_id=0, state=spec.get("state", "concat"), window=int(spec.get("window", 2)),
+            earlier_actions=int(spec.get("earlier_actions", 0)),
             instructions=spec.get("instructions", ""),
         )
         request_id = uuid4().hex  # one sticky session per episode: its prefixes stay in the server's cache
