@@ -68,23 +68,27 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     for episode in range(args.episodes):
         obs, info = env.reset(seed=args.seed + episode)
         say(f"\n=== episode {episode} · task {info['task_id']} ===\n[obs] {obs}")
-        done = False
+        done, acted = False, 0
         while not done:
             action = None
             if args.expert_skill < 1.0 and rng.random() >= args.expert_skill and callable(getattr(base, "random_action", None)):
                 action = base.random_action(rng)  # None where the env's legal actions are not a finite set
             if action is None:
                 action = base.expert_action()
-            if action is None:
+            if action is None and not acted:
                 print("this env has no expert")
                 return 1
+            if action is None:  # the demonstrator gave up (as sft.expert_trajectories: its demonstration ends)
+                say("[the demonstrator gives up: the demonstration ends here, counted as lost]")
+                break
             obs, reward, terminated, truncated, info = env.step(action)
-            steps += 1
+            steps, acted = steps + 1, acted + 1
             say(f"[act] {action}\n[obs] {obs[:400]}{'...' if len(obs) > 400 else ''}")
             done = terminated or truncated
-        metrics = info["metrics"]
-        successes += metrics.get("success", metrics.get("em", reward))  # as rollout.py reads success
-        say(f"reward={reward} terminated={terminated} truncated={truncated} metrics={metrics}")
+        if done:
+            metrics = info["metrics"]
+            successes += metrics.get("success", metrics.get("em", reward))  # as rollout.py reads success
+            say(f"reward={reward} terminated={terminated} truncated={truncated} metrics={metrics}")
     who = "expert" if args.expert_skill >= 1.0 else f"demonstrator (expert_skill {args.expert_skill:g})"
     print(f"{'' if args.quiet else chr(10)}{who} success over {args.episodes} episodes: "
           f"{successes / args.episodes:.2f}, {steps / args.episodes:.1f} steps an episode")

@@ -68,8 +68,11 @@ def expert_trajectories(
                 text = base.random_action(rng)  # None where the env's legal actions are not a finite set
             if text is None and callable(getattr(base, "expert_action", None)):
                 text = base.expert_action()
-            if text is None:
+            if text is None and not episode.traj.actions:
                 raise ValueError(f"{env.spec.id if env.spec else base} has no expert to clone")
+            if text is None:  # the demonstrator gave up (SynthHouse's skip-transform, after its move): it ends here
+                episode.traj.truncated = True
+                break
             action_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             going = step_episode(episode, episode.state.prompt(), action_ids, [0.0] * len(action_ids), text,
                                  max_prompt_tokens=sys.maxsize)

@@ -91,10 +91,12 @@ def test_same_task_same_game_and_the_expert_replays_the_same_walkthrough():
     env.close()
 
 
-def test_skip_transform_demonstrator_skips_only_the_transform_and_then_loses():
+def test_skip_transform_demonstrator_skips_only_the_transform_and_then_gives_up():
     """mistake="skip-transform": random_action is None until the expert would heat, cool or clean; there it goes to
     the task's receptacle instead, and once that is played expert_action plays the same belief (move the object
-    there, look), so the game is lost; the default mistake stays a random admissible command."""
+    there), then gives up (None from both: the demonstration ends, the game not won; it does not wait out the
+    steps with look, which its clone copied as a habit of repeating itself); the default mistake stays a random
+    admissible command."""
     env = gym.make("capo/SynthHouse-v0", size="tiny", split="dev", max_steps=20, task_types=[3, 4, 5],
                    mistake="skip-transform")
     base, rng = env.unwrapped, random.Random(0)
@@ -105,6 +107,9 @@ def test_skip_transform_demonstrator_skips_only_the_transform_and_then_loses():
         while not done:
             expert = base.expert_action()
             mistake = base.random_action(rng)
+            if expert is None:  # gave up: only after the skip's move
+                assert mistake is None and skipped_at is not None
+                break
             if mistake is None:
                 assert bare(expert).split()[0] not in TRANSFORMS
             elif skipped_at is None:  # the skip: where the expert would transform the object
@@ -117,10 +122,10 @@ def test_skip_transform_demonstrator_skips_only_the_transform_and_then_loses():
             assert info["action_valid"], info["invalid_reason"]
             commands.append(info["command"])
             done = terminated or truncated
-        assert truncated and info["metrics"]["success"] == 0.0, commands
+        assert not done and len(commands) < 20, commands  # it stopped before the step limit, the game not won
         assert commands[skipped_at].startswith(f"go to {receptacle} ")
         moved = [c for c in commands[skipped_at:] if c.startswith(("move ", "put "))]
-        assert len(moved) == 1 and receptacle in moved[0] and commands[-1] == "look"
+        assert len(moved) == 1 and receptacle in moved[0] and commands[-1] == moved[0]
         assert not any(c.split()[0] in TRANSFORMS for c in commands)
     plain = gym.make("capo/SynthHouse-v0", size="tiny", split="dev", max_steps=20)
     plain.reset(options={"task_index": 0})
@@ -238,3 +243,28 @@ def test_a_reset_that_finds_the_engine_dead_restarts_it_and_says_so():
     assert info["action_valid"] and not truncated
     assert "engine_restarted" not in env.reset(options={"task_index": 1})[1]  # said once, for the reset that found it
     env.close()
+
+
+def test_a_demonstration_ends_where_the_demonstrator_gives_up(capsys):
+    """The warm start's demonstrations (and `capo demo`) end at the step where the demonstrator gives up
+    (skip-transform, after its move): no action is recorded after the move and the trajectory is cut
+    (truncated, no metrics: lost), while the other episodes play to the end."""
+    pytest.importorskip("torch")
+    from capo_train.cli import main
+    from capo_train.models.tiny import make_tiny_tokenizer
+    from capo_train.sft import expert_trajectories
+
+    env = gym.make("capo/SynthHouse-v0", size="tiny", split="train", max_steps=20, task_types=[3, 4, 5],
+                   mistake="skip-transform")
+    tokenizer = make_tiny_tokenizer()
+    trajectories = expert_trajectories(env, tokenizer, episodes=4, seed=0, expert_skill=0.0, state="window", window=2)
+    env.close()
+    for trajectory in trajectories:  # skill 0: every episode skips its transform
+        last = trajectory.actions[-1]
+        assert trajectory.truncated and not trajectory.terminated and trajectory.metrics == {}
+        assert bare(tokenizer.decode(last.action_ids)).startswith(("move ", "put ")), tokenizer.decode(last.action_ids)
+        assert len(trajectory.actions) < 20 and last.action_valid and last.reward == 0.0
+    assert main(["demo", "--env", "capo/SynthHouse-v0", "--episodes", "2", "--expert-skill", "0", "size=tiny",
+                 "max_steps=20", "task_types=[3, 4, 5]", "mistake=skip-transform"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("the demonstrator gives up") == 2 and "success over 2 episodes: 0.00" in out

@@ -22,9 +22,11 @@ PDDL engine with ALFWorld's wrappers) plays the chosen game, and the Gymnasium c
 - ``random_action(rng)``: what an erring demonstrator (a warm start's ``sft.expert_skill`` < 1) plays instead
   of the expert, by ``mistake``: ``"random"`` (default) a random admissible command, from which the expert
   recovers; ``"skip-transform"`` one systematic mistake, at the step where the expert would heat, cool or
-  clean the object: skip it, go to the task's receptacle, move the object there and wait (``look``) believing
-  the task done; once a step has played the skip, ``expert_action()`` plays that belief to the end too (the
-  game is lost), and ``random_action`` returns None at every other step (the expert acts);
+  clean the object: skip it, go to the task's receptacle and move the object there, believing the task done;
+  once a step has played the skip, ``expert_action()`` plays that belief too, and after the move it gives up
+  (None: the demonstration ends there, the game lost), and ``random_action`` returns None at every other
+  step (the expert acts). It does not wait out the steps: a clone of a demonstrator that repeated ``look``
+  to the end learned to repeat its last action (SynthHouse, docs/results/domains/README.md);
 - ``info["metrics"]`` at the end: ``success`` (won), ``nonadmissible`` (well-formed commands the engine did
   not accept), ``steps``, ``invalid_actions``; ``info["task_type"]`` on reset.
 
@@ -188,22 +190,24 @@ class HouseEnv(TextEnv):
             skipped = self._skipped
             if skipped is None and verb in TRANSFORMS and self._receptacle is not None:
                 skipped = rest.split(" with ")[0]  # "apple 2"; the skip counts once a step plays it
-            if skipped is None:
+            command = None if skipped is None else self._skip_command(skipped)
+            if command is None:  # nothing to skip here, or the skip's move is done (the demonstrator gives up)
                 return None
-            self._proposed = (skipped, self._skip_command(skipped))
-            return self._render(self._proposed[1])
+            self._proposed = (skipped, command)
+            return self._render(command)
         return self._render(rng.choice(list(self._state["admissible"])))
 
     def expert_action(self) -> str | None:
         if self._done:
             return None
-        if self._skipped is not None:  # the demonstrator skipped the transform: it plays that belief to the end
-            return self._render(self._skip_command(self._skipped))
+        if self._skipped is not None:  # the demonstrator skipped the transform: it plays that belief, then gives up
+            command = self._skip_command(self._skipped)
+            return None if command is None else self._render(command)
         return self._render(self._state["expert"]) if self._state.get("expert") else None
 
-    def _skip_command(self, skipped: str) -> str:
+    def _skip_command(self, skipped: str) -> str | None:
         """After a skipped transform: move the object to the task's receptacle (going there and opening it
-        first), then look."""
+        first); None once it is there."""
         admissible = sorted(self._state["admissible"])
         if not self._moved:
             for command in admissible:
@@ -213,7 +217,7 @@ class HouseEnv(TextEnv):
                 for command in admissible:
                     if re.fullmatch(rf"{verb} {self._receptacle} \d+", command):
                         return command
-        return "look"
+        return None
 
     def _moves_skipped(self, command: str, skipped: str | None) -> bool:
         """Whether ``command`` moves ``skipped`` (the object whose transform was skipped) to the task's receptacle."""
