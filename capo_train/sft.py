@@ -51,6 +51,10 @@ def expert_trajectories(
     plays the env's ``random_action(rng)`` (a random legal action) instead of the expert's, where the env
     has one; the expert then goes on from where the error led. A warm start cloned from it acts validly
     but leaves RL something to learn (the oracle's clone would already do what the model can).
+
+    A demonstrator that gives up (``expert_action()`` None after at least one action: SynthHouse's
+    skip-transform, once it has made its mistaken move) ends its demonstration there: the trajectory is cut
+    (``truncated``, no metrics, so lost), and nothing it would have done after is cloned.
     """
     base = env.unwrapped
     ids = env_tasks(env) if task_pool is None else task_pool
