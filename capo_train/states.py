@@ -117,8 +117,9 @@ class WindowState:
 
     ``earlier_actions`` > 0 also lists up to that many of the actions taken before the window (their text
     only, not what they observed); -1 lists all of them. A window forgets where an episode has been: on
-    SynthHouse a clone with a window of 2 went back to the fridge it had just searched, over and over. The
-    actions alone are short (~10 tokens each) where observations are long, so the memory stays cheap.
+    SynthHouse a clone with a window of 2 went back to the fridge it had just searched, over and over (the
+    list alone did not make that clone win more: docs/results/domains/README.md, SynthHouse). The actions
+    are short (~10 tokens each) where observations are long, so the memory stays cheap.
 
     The history's actions appear as their decoded text: they are part of a state here, not the action
     being trained, so re-tokenising them is harmless. ``advance`` still returns the observation's chat
