@@ -228,8 +228,10 @@ def test_pisa_build_memory_is_an_upper_line_over_its_cells():
     its compressed index; the line must stay above every measured cell and within 10% of the largest."""
     pisa_cells = CELLS.with_name("retrieval_scale_pisa.jsonl")
     cells = [json.loads(line) for line in pisa_cells.read_text().splitlines() if line.strip()]
-    cells = [c for c in cells if c["library"].startswith("pisa") and c["library"] != "pisa-native"]
-    assert {c["passages"] for c in cells} >= {10_000, 100_000, 1_000_000, 5_000_000}
+    # Rows from serve-only reruns (the index kept from an earlier build) measure no build.
+    cells = [c for c in cells if c["library"].startswith("pisa") and c["library"] != "pisa-native"
+             and "build_peak_rss_mb" in c]
+    assert {c["passages"] for c in cells} >= {10_000, 100_000, 1_000_000, 5_000_000, 21_000_000}
     for c in cells:
         measured = (c["build_peak_rss_mb"] - c["build_rss_passages_mb"]) * 2**20
         assert bm25_choice.build_memory_bytes("pisa", c["passages"]) >= measured
