@@ -162,7 +162,7 @@ class LuceneRetriever(StoredPassagesRetriever):
             return []
         try:
             if len(queries) == 1:
-                return [self._hits(self._searcher.search(queries[0], k))]
+                return self.hits([self._pairs(self._searcher.search(queries[0], k))])
             return self._batch_search(list(queries), k)
         finally:
             _detach_if_worker()
@@ -174,10 +174,11 @@ class LuceneRetriever(StoredPassagesRetriever):
             query_list.add(q)
             id_list.add(str(i))
         found = self._searcher.batch_search(query_list, id_list, k, self.threads)
-        return [self._hits(found.get(str(i))) for i in range(len(queries))]
+        return self.hits([self._pairs(found.get(str(i))) for i in range(len(queries))])
 
-    def _hits(self, results: Any) -> list[Hit]:
-        return [self.hit(int(result.docid), float(result.score)) for result in results or []]
+    @staticmethod
+    def _pairs(results: Any) -> list[tuple[int, float]]:
+        return [(int(result.docid), float(result.score)) for result in results or []]
 
     def _release(self) -> None:
         self._searcher.close()

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import shutil
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,7 @@ import numpy as np
 from .base import Hit, Passage, Retriever
 
 PASSAGES_FILE, OFFSETS_FILE = "passages.jsonl", "offsets.npy"
+_CAN_ADVISE = hasattr(os, "posix_fadvise")  # Linux and most Unixes; not macOS or Windows
 
 
 class PassageWriter:
@@ -67,6 +70,17 @@ class PassageStore:
         record = self.record(position)
         return Passage(record["id"], record["title"], record["text"])
 
+    def prefetch(self, positions: Iterable[int]) -> None:
+        """Ask the kernel to start reading these passages now, all at once: a query's hits lie anywhere in a
+        file larger than the page cache (14.7 GB at 21M passages), and read one after another each waits for
+        its own disk read (~2 ms cold), where asked together the reads overlap. A hint: it returns at once."""
+        if not _CAN_ADVISE or isinstance(self._data, bytes):
+            return
+        fd = self._file.fileno()
+        for position in positions:
+            start = int(self._offsets[position])
+            os.posix_fadvise(fd, start, int(self._offsets[position + 1]) - start, os.POSIX_FADV_WILLNEED)
+
     def close(self) -> None:
         if isinstance(self._data, mmap.mmap) and not self._data.closed:
             self._data.close()
@@ -87,6 +101,11 @@ class StoredPassagesRetriever(Retriever):
     def hit(self, position: int, score: float) -> Hit:
         record = self._store.record(position)  # no Passage in between: a hit costs one JSON decode
         return Hit(record["id"], record["title"], record["text"], score)
+
+    def hits(self, results: Sequence[Sequence[tuple[int, float]]]) -> list[list[Hit]]:
+        """Each query's (position, score) pairs as hits, the passages of all of them read ahead together."""
+        self._store.prefetch(position for pairs in results for position, _ in pairs)
+        return [[self.hit(position, score) for position, score in pairs] for pairs in results]
 
     def _release(self) -> None:
         """Free the engine's own handles (called once, by ``close``)."""

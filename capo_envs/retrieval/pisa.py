@@ -361,7 +361,7 @@ class PisaRetriever(StoredPassagesRetriever):
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         check_search_args(queries, k)
-        return [[self.hit(pos, score) for pos, score in pairs] for pairs in self.search_positions(list(queries), k)]
+        return self.hits(self.search_positions(list(queries), k))
 
     def _release(self) -> None:
         self._context = None  # frees PISA's memory maps
