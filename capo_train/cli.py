@@ -55,26 +55,28 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     import capo_envs  # noqa: F401  (registers the ids)
 
+    from .demonstrator import demonstrator_action
+
     if not 0.0 <= args.expert_skill <= 1.0:
         print(f"--expert-skill must be in [0, 1], got {args.expert_skill}", file=sys.stderr)
         return 2
     env = gym.make(args.env, **parse_key_values(args.env_kwargs))
     base = env.unwrapped
     say = (lambda *_: None) if args.quiet else print
-    say(f"{args.env}: {len(base.task_ids())} tasks\n--- instructions given to the model ---")
-    say(base.protocol.instructions)
+    tasks = f"{len(base.task_ids())} tasks" if callable(getattr(base, "task_ids", None)) else "tasks by reset seed"
+    say(f"{args.env}: {tasks}")
     rng = random.Random(args.seed)  # the errors' draws, as sft.expert_trajectories makes them
     successes, steps = 0.0, 0
     for episode in range(args.episodes):
         obs, info = env.reset(seed=args.seed + episode)
-        say(f"\n=== episode {episode} · task {info['task_id']} ===\n[obs] {obs}")
+        if episode == 0:  # the env contract publishes its instructions in the reset info (rollout.read_protocol)
+            protocol = info.get("protocol")
+            instructions = protocol.get("instructions") if isinstance(protocol, dict) else None
+            say(f"--- instructions given to the model ---\n{instructions or '(none: the env publishes no protocol)'}")
+        say(f"\n=== episode {episode} · task {info.get('task_id', f'seed {args.seed + episode}')} ===\n[obs] {obs}")
         done, acted = False, 0
         while not done:
-            action = None
-            if args.expert_skill < 1.0 and rng.random() >= args.expert_skill and callable(getattr(base, "random_action", None)):
-                action = base.random_action(rng)  # None where the env's legal actions are not a finite set
-            if action is None:
-                action = base.expert_action()
+            action = demonstrator_action(base, rng, args.expert_skill)
             if action is None and not acted:
                 print("this env has no expert")
                 return 1
@@ -86,7 +88,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             say(f"[act] {action}\n[obs] {obs[:400]}{'...' if len(obs) > 400 else ''}")
             done = terminated or truncated
         if done:
-            metrics = info["metrics"]
+            metrics = info.get("metrics") or {}
             successes += metrics.get("success", metrics.get("em", reward))  # as rollout.py reads success
             say(f"reward={reward} terminated={terminated} truncated={truncated} metrics={metrics}")
     who = "expert" if args.expert_skill >= 1.0 else f"demonstrator (expert_skill {args.expert_skill:g})"

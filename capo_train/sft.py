@@ -21,6 +21,7 @@ import torch
 from data_prep.progress import SILENT, Progress, duration
 
 from .config import TrainConfig
+from .demonstrator import demonstrator_action
 from .models import ActorCritic
 from .rollout import env_tasks, episode_success, has_task_ids, start_episode, step_episode, success_key
 from .rows import RowBatch, Trajectory, build_rows, gather_actions, minibatches, select_rows
@@ -67,11 +68,7 @@ def expert_trajectories(
                                 earlier_actions=earlier_actions)
         going = True
         while going:
-            text = None
-            if expert_skill < 1.0 and rng.random() >= expert_skill and callable(getattr(base, "random_action", None)):
-                text = base.random_action(rng)  # None where the env's legal actions are not a finite set
-            if text is None and callable(getattr(base, "expert_action", None)):
-                text = base.expert_action()
+            text = demonstrator_action(base, rng, expert_skill)
             if text is None and not episode.traj.actions:
                 raise ValueError(f"{env.spec.id if env.spec else base} has no expert to clone")
             if text is None:  # the demonstrator gave up (SynthHouse's skip-transform, after its move): it ends here

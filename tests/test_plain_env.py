@@ -110,3 +110,13 @@ def test_episodes_by_seed_and_success_with_or_without_protocol_and_metrics(env_i
         assert episode.stop == ()  # actions end at EOS or max_action_tokens
     else:
         assert episode.stop == ("</n>",)
+
+
+@pytest.mark.parametrize("env_id", [ENV, BARE])
+def test_capo_demo_on_an_env_without_an_expert_says_so(env_id, tmp_path):
+    done = capo("demo", "--env", env_id, "--episodes", "1", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "this env has no expert" in done.stdout and "Traceback" not in done.stderr
+    assert "tasks by reset seed" in done.stdout  # no task_ids(): tasks are reset seeds, as rollout.env_tasks
+    published = "(none: the env publishes no protocol)" not in done.stdout
+    assert published == (env_id == ENV)
