@@ -58,6 +58,10 @@ class PassageStore:
         self._file = open(folder / PASSAGES_FILE, "rb")
         empty = int(self._offsets[-1]) == 0  # mmap cannot map an empty file
         self._data = b"" if empty else mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        if not empty and hasattr(mmap, "MADV_RANDOM"):
+            # Reads land anywhere in the file: without this, each page fault reads around it (up to the
+            # disk's read_ahead_kb: 8 MB on a measured VM, 50 MB of disk reads for a query's 10 passages).
+            self._data.madvise(mmap.MADV_RANDOM)
 
     def __len__(self) -> int:
         return len(self._offsets) - 1
