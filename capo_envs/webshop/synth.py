@@ -13,9 +13,9 @@ from .world import generate_catalog
 
 
 @lru_cache(maxsize=4)
-def synth_shop(seed: int, num_products: int) -> tuple[MemoryStore, ProductSearch, tuple[dict, ...]]:
+def synth_shop(seed: int, num_products: int, all_options: bool = False) -> tuple[MemoryStore, ProductSearch, tuple[dict, ...]]:
     """The generated shop for ``seed``: products, BM25 search and shuffled goals (cached per process)."""
-    raw, attributes = generate_catalog(seed, num_products)
+    raw, attributes = generate_catalog(seed, num_products, all_options=all_options)
     products = load_products(raw, attributes, human_goals=False)
     prices, goals = build_goals(products, human=False, price_seed=seed)
     return MemoryStore(products, prices), ProductSearch.build(products), tuple(goals)
@@ -39,18 +39,21 @@ class SynthShopEnv(ShopEnv):
     default 1,000, 20 product types in WebShop's 5 categories) with goals in the original's synthetic style.
     Offline and deterministic in ``seed``."""
 
-    def __init__(self, seed: int = 0, split: str = "train", num_products: int = 1000, **kwargs: Any):
+    def __init__(self, seed: int = 0, split: str = "train", num_products: int = 1000, all_options: bool = False,
+                 **kwargs: Any):
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an int, got {seed!r}")
         if isinstance(num_products, bool) or not isinstance(num_products, int) or not 20 <= num_products <= 2_000_000:
             raise ValueError(f"num_products must be an int in [20, 2000000], got {num_products!r}")
         if split not in SPLIT_RANGES:
             raise ValueError(f"split must be one of {sorted(SPLIT_RANGES)}, got {split!r}")
-        store, search, goals = synth_shop(seed, num_products)
+        if not isinstance(all_options, bool):
+            raise ValueError(f"all_options must be a bool, got {all_options!r}")
+        store, search, goals = synth_shop(seed, num_products, all_options)
         start = SPLIT_RANGES[split][0]
         kwargs.setdefault("noun_tagger", "heuristic")  # generated names: no need for spaCy
         super().__init__(
             _Shared(store), _Shared(search), split_goals(goals, split), task_prefix=f"synthshop-{seed}",
             goal_offset=start, **kwargs,
         )  # fmt: skip
-        self.seed, self.split = seed, split
+        self.seed, self.split, self.all_options = seed, split, all_options

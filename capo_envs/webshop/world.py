@@ -125,8 +125,12 @@ def _pricing(rng: random.Random, low: float, high: float) -> str:
     return f"${a:.2f}"
 
 
-def generate_catalog(seed: int, num_products: int) -> tuple[list[dict], dict[str, dict]]:
-    """(raw product records, items_ins_v2-style attributes by ASIN), deterministic in ``seed``."""
+def generate_catalog(seed: int, num_products: int, all_options: bool = False) -> tuple[list[dict], dict[str, dict]]:
+    """(raw product records, items_ins_v2-style attributes by ASIN), deterministic in ``seed``.
+
+    ``all_options`` (a CPU preset): every product offers every value of each of its type's option groups, so
+    any product of the goal's type can be bought with the goal's options; the products are otherwise the same
+    (the generator draws the same numbers)."""
     rng = random.Random(f"synthshop-{seed}")
     raw, attrs, taken = [], {}, set()
     for _ in range(num_products):
@@ -139,7 +143,14 @@ def generate_catalog(seed: int, num_products: int) -> tuple[list[dict], dict[str
         for option_name, values in kind.options:
             if rng.random() < 0.85:
                 picked = sorted(rng.sample(values, rng.randint(2, len(values))), key=values.index)
-                options[option_name.title() if rng.random() < 0.5 else option_name] = [{"value": v, "image": None} for v in picked]
+                group = option_name.title() if rng.random() < 0.5 else option_name
+            elif all_options:
+                group = option_name
+            else:
+                continue
+            if all_options:
+                picked = list(values)
+            options[group] = [{"value": v, "image": None} for v in picked]
         bullets = [f"{a.capitalize()}: made for everyday use." for a in attributes[2:]] + [f"Brand: {brand}"]
         raw.append({
             "asin": asin, "name": name, "category": kind.category, "query": kind.query.title(),
