@@ -63,6 +63,10 @@ class GridConfig:
     # TrainConfig overrides for one algorithm's cells, applied after base, e.g. {"capo": {"algo_overrides":
     # {"clip_low": 1e-3}}}: an action-level ratio and a token-level one do not share a clip range.
     per_algo: dict = field(default_factory=dict)
+    # One warm start per (env, seed), in <out_dir>/warm_starts, that every algorithm's cell of that seed starts
+    # from (sft.from_run) with its held-out evaluation, instead of one per cell: the cells then differ by the
+    # algorithm alone, and a grid of 4 algorithms clones and evaluates the warm start once a seed, not 4 times.
+    shared_warm_start: bool = False
 
     RENAMED: ClassVar[dict[str, str]] = {"trajectories_per_iteration": "episodes_per_batch"}  # old key: new key
 
@@ -204,6 +208,11 @@ def check_grid(grid: GridConfig) -> None:
     for algo in grid.per_algo:  # a registered one the grid does not run is fine: `algos=capo` on a full grid
         if algo not in ALGORITHMS:
             raise ConfigError(f"per_algo.{algo}: unknown algorithm; choose from {list(ALGORITHMS)}")
+        if grid.shared_warm_start and {"sft", "model"} & set(grid.per_algo[algo]):
+            raise ConfigError(f"per_algo.{algo} sets sft or model keys, but with shared_warm_start every algorithm "
+                              "of a seed starts from one warm start; set them in base")
+    if grid.shared_warm_start and _flatten(grid.base).get("sft.from_run"):
+        raise ConfigError("base.sft.from_run is set by the grid when shared_warm_start is on")
     for where, updates in [("base", grid.base)] + [(f"per_algo.{a}", u) for a, u in grid.per_algo.items()]:
         flat = _flatten(updates)
         for key, grid_key in GRID_OWNED.items():
@@ -237,6 +246,24 @@ def cell_dir(grid: GridConfig, env: GridEnv, algo: str, seed: int) -> Path:
     return Path(grid.out_dir) / "runs" / slug(env.name) / algo / f"seed-{seed}"
 
 
+def warm_start_dir(grid: GridConfig, env: GridEnv, seed: int) -> Path:
+    return Path(grid.out_dir) / "warm_starts" / slug(env.name) / f"seed-{seed}"
+
+
+def warm_start_config(grid: GridConfig, env: GridEnv, seed: int) -> TrainConfig:
+    """The shared warm start of ``(env, seed)``: the first algorithm's cell stopped after its warm start and
+    its held-out evaluation (what `capo sft` runs)."""
+    config = cell_config(grid, env, grid.algos[0], seed)
+    config.sft.from_run, config.iterations = "", 0
+    config.out_dir = str(warm_start_dir(grid, env, seed))
+    return config
+
+
+def warm_start_done(directory: Path) -> bool:
+    state = directory / "checkpoint" / "run_state.json"
+    return state.is_file() and json.loads(state.read_text()).get("sft_done", False)
+
+
 def cell_config(grid: GridConfig, env: GridEnv, algo: str, seed: int) -> TrainConfig:
     config = TrainConfig()
     apply_updates(config, copy.deepcopy(grid.base), "base.")
@@ -255,6 +282,8 @@ def cell_config(grid: GridConfig, env: GridEnv, algo: str, seed: int) -> TrainCo
     if "eval_every" not in grid.base and "eval_every" not in grid.per_algo.get(algo, {}):
         config.eval_every = grid.iterations
     config.out_dir = str(cell_dir(grid, env, algo, seed))
+    if grid.shared_warm_start:
+        config.sft.from_run = str(warm_start_dir(grid, env, seed))
     return config
 
 
@@ -269,7 +298,9 @@ def is_done(grid: GridConfig, directory: Path) -> bool:
 
 # Settings a resumed cell may change: how far it runs, where it lives, and how env steps are scheduled
 # (the env pool gives identical trajectories whatever its kind and size: tests/test_envpool.py).
-_MAY_CHANGE_ON_RESUME = ("iterations", "eval_every", "out_dir", "rollout.env_pool", "rollout.env_workers")
+# sft.from_run lives in the grid's folder and moves with it; a cell reads it only before its first checkpoint.
+_MAY_CHANGE_ON_RESUME = ("iterations", "eval_every", "out_dir", "rollout.env_pool", "rollout.env_workers",
+                         "sft.from_run")
 
 
 def _check_same_config(config: TrainConfig, directory: Path) -> None:
@@ -309,6 +340,19 @@ def run_grid(grid: GridConfig, command: str | None = None, jobs: int = 1) -> lis
     out = Path(grid.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "grid.json").write_text(json.dumps(dataclasses.asdict(grid), indent=2))
+    warm_starts = []
+    if grid.shared_warm_start:  # before the cells that start from them
+        for env in grid_envs(grid):
+            for seed in grid.seeds:
+                config = warm_start_config(grid, env, seed)
+                if not warm_start_done(Path(config.out_dir)):
+                    warm_starts.append((f"warm start {slug(env.name)}/seed-{seed}", config))
+    if jobs == 1:
+        for where, config in warm_starts:
+            print(f"{where}: training", flush=True)
+            train_cell(config, progress_tag=f"capo compare {where}")
+    elif warm_starts:
+        _run_parallel(grid, command, warm_starts, jobs)
     pending = []
     for i, config in enumerate(todo, 1):
         where = f"[{i}/{len(todo)}] {Path(config.out_dir).relative_to(out / 'runs')}"

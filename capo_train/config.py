@@ -143,6 +143,12 @@ class SFTConfig:
     # env's random_action) instead of the expert's, so the warm start leaves RL something to learn (the
     # domain recipes in configs/; SynthChain's own env knob does the same for its default run).
     expert_skill: float = 1.0
+    # A run folder to take the warm start from instead of cloning again: a run stopped after its warm start
+    # (`capo sft`, or iterations=0). Its actor's weights are loaded and its iteration-0 record (the clone's
+    # figures and its held-out evaluation) becomes this run's, the evaluation made again only where the
+    # settings it depends on differ. `capo compare` with shared_warm_start sets it, so that every algorithm
+    # of a seed starts from the same policy. "": none (clone here, if sft.episodes > 0).
+    from_run: str = ""
 
 
 @dataclass

@@ -38,6 +38,7 @@ NON_NEGATIVE = _number_above(0, inclusive=True)
 UNIT = (lambda v: _is_number(v) and 0 <= v <= 1), "a number in [0, 1]"
 BOOL = (lambda v: isinstance(v, bool)), "true or false"
 NAME = (lambda v: isinstance(v, str) and v.strip() != ""), "a non-empty string"
+PATH_OR_EMPTY = (lambda v: isinstance(v, str)), "a folder path, or \"\" for none"
 DTYPES = ("float32", "bfloat16", "float16")
 
 # Every TrainConfig value but the ones with checks of their own (algo, env.id, env.kwargs, algo_overrides)
@@ -91,6 +92,7 @@ CONFIG_RULES: dict[str, Rule] = {
     "sft.lr_schedule": _one_of("constant", "cosine"),
     "sft.state_loss_coef": NON_NEGATIVE,
     "sft.expert_skill": UNIT,
+    "sft.from_run": PATH_OR_EMPTY,
 }
 
 # Every hyperparameter an algorithm reads (its registry defaults and the keys it routes to its estimator

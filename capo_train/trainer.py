@@ -47,7 +47,7 @@ from .backends.select import holds_weights, rollout_backend, sync_rollout_weight
 from .config import TrainConfig, batch_shape, default_out_dir, to_dict
 from .distributed import gather_trajectories, make_accelerator
 from .envpool import pool_from_config
-from .episodes import recorder_for
+from .episodes import episode_file, recorder_for
 from .evaluation import held_out
 from .models.checkpoints import CHECKPOINT, RunState, load_run, save_run
 from .report import Logger, Stopwatch, plot_curves, progress_postfix, summarise_run
@@ -155,13 +155,16 @@ def warm_start(run: Run, env: gym.Env, progress: Progress = SILENT) -> dict[str,
     {} when there is none. With a KL term, the warm-started actor becomes the KL reference: RL's anchor is
     the policy RL starts from, not the checkpoint before it."""
     config, accelerator = run.config, run.accelerator
-    if config.sft.episodes == 0:
+    if config.sft.from_run:
+        record = load_warm_start(run, Path(config.sft.from_run), progress)
+    elif config.sft.episodes == 0:
         return {}
-    if not callable(getattr(env.unwrapped, "expert_action", None)):
+    elif not callable(getattr(env.unwrapped, "expert_action", None)):
         if accelerator.is_main_process:
             warnings.warn(f"{config.env.id} has no expert_action(): no warm start", RuntimeWarning, stacklevel=2)
         return {}
-    record = behaviour_clone(run.model, run.tokenizer, config, env, progress=progress)
+    else:
+        record = behaviour_clone(run.model, run.tokenizer, config, env, progress=progress)
     if run.algo.kl_coef > 0:
         start = time.perf_counter()
         path = Path(config.out_dir) / WARM_START
@@ -169,8 +172,62 @@ def warm_start(run: Run, env: gym.Env, progress: Progress = SILENT) -> dict[str,
             freeze_warm_start(run.model, run.tokenizer, path)
         accelerator.wait_for_everyone()
         run.reference = load_kl_reference(path, config, accelerator.device)
-        record["time/sft_s"] += time.perf_counter() - start  # the frozen reference is part of the warm start
+        record["time/sft_s"] = record.get("time/sft_s", 0.0) + time.perf_counter() - start  # part of the warm start
     return record
+
+
+# What a held-out evaluation depends on, besides the actor's weights: a shared warm start's evaluation stands
+# for this run's only when these are the same in both configs.
+EVAL_SETTINGS = ("model.", "env.", "eval_episodes", "seed", "rollout.state", "rollout.window", "rollout.layout",
+                 "rollout.earlier_actions", "rollout.max_prompt_tokens", "rollout.max_action_tokens",
+                 "rollout.backend")
+
+
+def load_warm_start(run: Run, from_run: Path, progress: Progress = SILENT) -> dict[str, float]:
+    """``sft.from_run``: load the actor of ``from_run``'s checkpoint, which must hold a warm start and no RL
+    iteration, into ``run.model`` (the critic stays as built: a warm start trains the actor only); returns
+    ``from_run``'s iteration-0 record, with its ``eval/*`` keys only when its evaluation stands for this run's
+    (``EVAL_SETTINGS``; its recorded held-out episodes are copied then too)."""
+    from .models.checkpoints import load_checkpoint
+
+    directory = from_run / CHECKPOINT
+    if not (directory / "run_state.json").is_file():
+        raise FileNotFoundError(f"sft.from_run={from_run}: no checkpoint there (train it with `capo sft`)")
+    saved = RunState(**json.loads((directory / "run_state.json").read_text()))
+    if not saved.sft_done or saved.iteration != 0:
+        raise ValueError(f"sft.from_run={from_run} is not a warm start: its checkpoint is after {saved.iteration} "
+                         f"RL iterations (a warm start is `capo sft`, or a run with iterations=0)")
+    shared, _ = load_checkpoint(directory, dtype=getattr(torch, run.config.model.dtype))
+    try:
+        run.model.actor.load_state_dict(shared.actor.state_dict())
+    except RuntimeError as e:
+        raise ValueError(f"sft.from_run={from_run}: its actor does not fit this run's model "
+                         f"(model.path and the LoRA settings must be the same): {e}") from None
+    del shared
+    record = dict(saved.history[0]) if saved.history else {}
+    record.pop("iteration", None)
+    theirs, ours = _flat(json.loads((directory / "config.json").read_text())), _flat(to_dict(run.config))
+    differs = [k for k in ours if k.startswith(EVAL_SETTINGS) and theirs.get(k) != ours[k]]
+    if differs:
+        record = {k: v for k, v in record.items() if not k.startswith(("eval/", "time/eval"))}
+    elif run.accelerator.is_main_process:
+        held_out_file = episode_file(from_run, 0, kind="eval")
+        if held_out_file.is_file():
+            target = episode_file(run.config.out_dir, 0, kind="eval")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(held_out_file.read_bytes())
+    progress.say(f"warm start from {from_run}" + (f" (evaluated again: {', '.join(differs)} differ)" if differs else ""))
+    return record | {"sft/shared": 1.0}
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict) and prefix + key not in ("env.kwargs", "algo_overrides"):
+            out |= _flat(value, f"{prefix}{key}.")
+        else:
+            out[prefix + key] = value
+    return out
 
 
 def checkpoint(run: Run, state: RunState) -> None:
@@ -273,7 +330,7 @@ def train(config: TrainConfig, *, resume: bool = False, model=None, tokenizer=No
         logged = None  # when the last record was complete: the next one's time/log_s (writing it) starts there
         if not state.sft_done:  # iteration 0: the warm start (if any), then the held-out figure RL starts from
             record = warm_start(run, train_envs[0], say)
-            if config.eval_every:  # eval_every=0: never evaluate, not even after a warm start
+            if config.eval_every and not any(k.startswith("eval/") for k in record):  # sft.from_run's may stand
                 record |= evaluation(run, eval_envs, 0, say)
             state.sft_done = True
             logged = close_record(run, state, logger, {"iteration": 0, **record} if record else None, None)

@@ -317,3 +317,60 @@ def test_held_out_curve_starts_at_the_warm_start_evaluation():
                {"iteration": 2, "eval/success": 0.40}]
     assert learning_curve(records, "eval/success") == [(0.0, 0.02), (32.0, 0.40)]
     assert learning_curve(records) == [(16.0, 0.1), (32.0, 0.2)]
+
+
+def test_a_shared_warm_start_is_cloned_and_evaluated_once_a_seed_and_every_algorithm_starts_from_it(
+        tiny_model_dir, tmp_path):
+    """shared_warm_start: <out>/warm_starts/<env>/seed-N is trained once (iterations=0), and each algorithm's
+    cell of that seed loads its actor and reports its iteration-0 record (the clone's figures and its
+    held-out evaluation) instead of cloning and evaluating again."""
+    base = BASE | {"sft": {"episodes": 2, "epochs": 1}}
+    grid = load_grid(None, [f"out_dir={tmp_path}", "algos=capo,grpo", "seeds=0", "iterations=1", "group_size=2",
+                            f"episodes_per_batch={TRAJECTORIES}", "shared_warm_start=true"],
+                     {"envs": [ENV], "base": base | {"model": {"lora": False, "path": str(tiny_model_dir)}}})
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        rows = run_grid(grid)
+    assert "warm start synth-tiny/seed-0: training" in stdout.getvalue()
+    assert all(r["seeds_done"] == 1 for r in rows)
+    shared = read_log(tmp_path / "warm_starts" / "synth-tiny" / "seed-0" / "log.jsonl")
+    assert [r["iteration"] for r in shared] == [0] and shared[0]["sft/episodes"] == 2
+    for algo in ("capo", "grpo"):
+        first = read_log(cell_dir(grid, grid_envs(grid)[0], algo, 0) / "log.jsonl")[0]
+        assert first["sft/shared"] == 1.0
+        for key in ("sft/loss_first", "sft/loss_last", "eval/success", "eval/episodes", "time/eval_s"):
+            assert first[key] == shared[0][key], (algo, key)
+    with contextlib.redirect_stdout(io.StringIO()) as again:
+        run_grid(grid)  # finished: neither the warm start nor a cell is trained again
+    assert "warm start" not in again.getvalue() and again.getvalue().count("done, skipped") == 2
+
+
+def test_sft_from_run_loads_the_warm_starts_actor_and_refuses_a_run_past_it(tiny_model_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    from capo_train.config import load_config
+    from capo_train.trainer import train
+
+    def config(out, *extra, iterations=0):  # 0: what `capo sft` runs (the config file itself asks for >= 1)
+        loaded = load_config(None, [f"model.path={tiny_model_dir}", "model.lora=false", f"env.id={ENV['id']}",
+                                    f"env.kwargs={json.dumps(ENV['kwargs'])}", "eval_episodes=2",
+                                    "log_tensorboard=false", "rollout.max_action_tokens=8", "sft.epochs=1",
+                                    f"out_dir={out}", *extra])
+        loaded.iterations = iterations
+        return loaded
+
+    def actor_weights(run):
+        return load_file(next((run / "checkpoint" / "actor").glob("*.safetensors")))
+
+    train(config(tmp_path / "sft", "sft.episodes=2"), progress=False)
+    train(config(tmp_path / "from", f"sft.from_run={tmp_path / 'sft'}"), progress=False)
+    shared, loaded = actor_weights(tmp_path / "sft"), actor_weights(tmp_path / "from")
+    assert shared.keys() == loaded.keys() and all((shared[k] == loaded[k]).all() for k in shared)
+    # evaluated on other settings: the shared warm start's figure does not stand for this run's
+    train(config(tmp_path / "more", f"sft.from_run={tmp_path / 'sft'}", "eval_episodes=3"), progress=False)
+    assert read_log(tmp_path / "more" / "log.jsonl")[0]["eval/episodes"] == 3
+    train(config(tmp_path / "rl", "sft.episodes=2", "rollout.episodes_per_batch=2", iterations=1), progress=False)
+    with pytest.raises(ValueError, match="not a warm start"):
+        train(config(tmp_path / "bad", f"sft.from_run={tmp_path / 'rl'}"), progress=False)
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        train(config(tmp_path / "none", f"sft.from_run={tmp_path / 'nothing'}"), progress=False)
