@@ -136,6 +136,52 @@ def test_skip_transform_demonstrator_skips_only_the_transform_and_then_gives_up(
     plain.close()
 
 
+def test_listed_search_demonstrator_searches_in_the_rooms_order_then_hands_over_to_the_expert():
+    """expert_mode="listed-search": until it holds the task's object, the demonstrator goes to the receptacles in
+    the order the room's first description lists them (opening closed ones) and takes the object where it
+    shows one, which a reader of the observations can do (the handcoded expert's search order is its own);
+    then the handcoded expert finishes. It wins as often as the expert on the transform tasks."""
+    from alfworld.gen.goal_library import gdict
+
+    from capo_envs.alfworld.env import TASK_OBJECT
+
+    for name in TASK_TYPE_NAMES:  # the object type of every template of every task type
+        for template in gdict[name]["templates"]:
+            sentence = "Your task is to: " + template.format(obj="apple", recep="fridge", toggle="desklamp", mrecep="")
+            assert TASK_OBJECT.search(sentence).group(1) == "apple", sentence
+    env = gym.make("capo/SynthHouse-v0", size="tiny", split="dev", max_steps=20, task_types=[3, 4, 5],
+                   expert_mode="listed-search")
+    base, wins = env.unwrapped, 0
+    for index in range(12):
+        obs, _ = env.reset(options={"task_index": index})
+        listed = [p.removeprefix("a ").removeprefix("an ").removeprefix("and a ")
+                  for p in obs.split("you see ")[1].split(".")[0].split(", ")]
+        target = base._target
+        assert target and target in obs.split("Your task is to: ")[1] and len(listed) >= 3
+        visited, took, done = [], False, False
+        while not done:
+            command = bare(base.expert_action())
+            if not took:
+                at_place = visited[-1] if visited else None
+                if command.startswith("go to "):
+                    assert command[6:] == [p for p in listed if p not in visited][0]
+                    visited.append(command[6:])
+                elif command.startswith("take "):
+                    assert command.split()[1] == target and command.endswith(f"from {at_place}")
+                    took = True
+                else:
+                    assert command == f"open {at_place}"
+            _, _, terminated, truncated, info = env.step(f"<action>{command}</action>")
+            assert info["action_valid"], info.get("invalid_reason")
+            done = terminated or truncated
+        assert took
+        wins += info["metrics"]["success"]
+    assert wins >= 11
+    with pytest.raises(ValueError, match="expert_mode"):
+        gym.make("capo/SynthHouse-v0", expert_mode="oracle")
+    env.close()
+
+
 def bare(action: str) -> str:
     return action.removeprefix("<action>").removesuffix("</action>")
 

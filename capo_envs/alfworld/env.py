@@ -64,6 +64,14 @@ PRESETS = {
 
 
 MISTAKES = ("random", "skip-transform")
+EXPERT_MODES = ("handcoded", "listed-search")
+# The task's object type: "put a hot apple in sidetable", "heat some egg and put it in countertop", "put two
+# cd in safe", "look at bowl under the desklamp", "examine the pen with the desklamp" (ALFWorld's templates).
+TASK_OBJECT = re.compile(
+    r"your task is to: (?:put (?:a|an|some|two) (?:hot |cool |clean )?|(?:heat|cool|clean) some |look at |"
+    r"examine (?:the )?|find (?:two )?)(\w+)", re.IGNORECASE)
+# "you see a countertop 1, a drawer 1, and a fridge 1." in the room's first description: the search order.
+ROOM_LIST = re.compile(r"looking quickly around you, you see (.*?)\.\s*$", re.IGNORECASE | re.MULTILINE)
 TRANSFORMS = ("heat", "cool", "clean")  # the expert's command at the appliance: "heat apple 2 with microwave 1"
 # "Your task is to: heat some egg and put it in countertop." / "put a hot apple in sidetable." -> "sidetable"
 TASK_RECEPTACLE = re.compile(r"your task is to: .* (?:in|on) (\w+)\.", re.IGNORECASE)
@@ -88,12 +96,15 @@ class HouseEnv(TextEnv):
         max_context_chars: int | None = None,
         render_mode: str | None = None,
         mistake: str = "random",
+        expert_mode: str = "handcoded",
     ):
         require_engine()
         if isinstance(max_steps, bool) or not isinstance(max_steps, int):
             raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
         if mistake not in MISTAKES:
             raise ValueError(f"mistake must be one of {list(MISTAKES)}, got {mistake!r}")
+        if expert_mode not in EXPERT_MODES:
+            raise ValueError(f"expert_mode must be one of {list(EXPERT_MODES)}, got {expert_mode!r}")
         super().__init__(
             make_protocol(action_format),
             max_steps=max_steps,
@@ -104,7 +115,14 @@ class HouseEnv(TextEnv):
         self.action_format = action_format
         self.win_reward = float(win_reward)
         self.show_actions = bool(show_actions)
-        self.mistake = mistake
+        self.mistake, self.expert_mode = mistake, expert_mode
+        # expert_mode="listed-search": the task's object type, the room's receptacles in the order the first
+        # description lists them, those already visited, where the agent is, and whether it holds the object.
+        self._target: str | None = None
+        self._room: list[str] = []
+        self._visited: set[str] = set()
+        self._at: str | None = None
+        self._holding = False
         self._receptacle: str | None = None  # the task's receptacle type ("sidetable"), from the task text
         self._skipped: str | None = None  # with mistake="skip-transform": the object whose transform was skipped
         self._moved = False  # ... and whether it has been moved to the receptacle (then the demonstrator waits)
@@ -144,6 +162,10 @@ class HouseEnv(TextEnv):
         found = TASK_RECEPTACLE.search(state["feedback"])
         self._receptacle, self._skipped, self._moved = (found.group(1).lower() if found else None), None, False
         self._proposed = None
+        target, room = TASK_OBJECT.search(state["feedback"]), ROOM_LIST.search(state["feedback"])
+        self._target = target.group(1).lower() if target else None
+        self._room = re.findall(r"(?:an? )?(\w+ \d+)", room.group(1)) if room else []
+        self._visited, self._at, self._holding = set(), None, False
         info: dict[str, Any] = {"task_type": self.task_type(task_id)}
         if died is not None:
             info["engine_restarted"] = f"{died}; this episode runs in a fresh engine process"
@@ -164,6 +186,11 @@ class HouseEnv(TextEnv):
             self._skipped = self._proposed[0]
         self._proposed = None
         self._moved = self._moved or (admissible and self._moves_skipped(command, self._skipped))
+        if admissible and command.startswith("go to "):
+            self._at = command[len("go to "):]
+            self._visited.add(self._at)
+        if admissible and self._target and re.fullmatch(rf"take {re.escape(self._target)} \d+ from .+", command):
+            self._holding = True
         reward = 0.0
         if not admissible:
             self._nonadmissible += 1
@@ -203,7 +230,28 @@ class HouseEnv(TextEnv):
         if self._skipped is not None:  # the demonstrator skipped the transform: it plays that belief, then gives up
             command = self._skip_command(self._skipped)
             return None if command is None else self._render(command)
+        if self.expert_mode == "listed-search" and not self._holding:
+            command = self._search_command()
+            if command is not None:
+                return self._render(command)
         return self._render(self._state["expert"]) if self._state.get("expert") else None
+
+    def _search_command(self) -> str | None:
+        """expert_mode="listed-search", until the task's object is in hand: take it if this place shows one, else
+        open this place if closed, else go to the next receptacle of the room's list not yet visited; None
+        (the handcoded expert acts) when the object or the room's list is unknown, or every place was seen."""
+        admissible = self._state["admissible"]
+        if self._target is None or not self._room:
+            return None
+        for command in sorted(admissible):
+            if re.fullmatch(rf"take {re.escape(self._target)} \d+ from {re.escape(self._at or '')}", command):
+                return command
+        if self._at is not None and f"open {self._at}" in admissible and "is closed" in self._state["feedback"]:
+            return f"open {self._at}"
+        for place in self._room:
+            if place not in self._visited and f"go to {place}" in admissible:
+                return f"go to {place}"
+        return None
 
     def _skip_command(self, skipped: str) -> str | None:
         """After a skipped transform: move the object to the task's receptacle (going there and opening it
