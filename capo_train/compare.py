@@ -28,7 +28,8 @@ from typing import Any, ClassVar
 
 from .compare_report import columns, markdown_table, plot_grid, run_metrics, slug, summarise_seeds
 from .config import (
-    ConfigError, TrainConfig, apply_updates, batch_shape, env_kwargs, parse_overrides, read_mapping, to_dict, validate,
+    ConfigError, TrainConfig, apply_updates, batch_shape, env_kwargs, flatten, parse_overrides, read_mapping, to_dict,
+    validate,
 )
 from .report import read_log
 from .trainer import train
@@ -211,10 +212,10 @@ def check_grid(grid: GridConfig) -> None:
         if grid.shared_warm_start and {"sft", "model"} & set(grid.per_algo[algo]):
             raise ConfigError(f"per_algo.{algo} sets sft or model keys, but with shared_warm_start every algorithm "
                               "of a seed starts from one warm start; set them in base")
-    if grid.shared_warm_start and _flatten(grid.base).get("sft.from_run"):
+    if grid.shared_warm_start and flatten(grid.base).get("sft.from_run"):
         raise ConfigError("base.sft.from_run is set by the grid when shared_warm_start is on")
     for where, updates in [("base", grid.base)] + [(f"per_algo.{a}", u) for a, u in grid.per_algo.items()]:
-        flat = _flatten(updates)
+        flat = flatten(updates)
         for key, grid_key in GRID_OWNED.items():
             if key in flat:
                 raise ConfigError(f"{where}.{key} is set by the grid; use the grid key {grid_key!r} instead")
@@ -227,16 +228,6 @@ def check_grid(grid: GridConfig) -> None:
             raise ConfigError(f"env {spec.id} has no data yet: run `{card.prepare}`")
         for algo in grid.algos:  # env id, algorithm and the rest of TrainConfig's own checks
             validate(cell_config(grid, spec, algo, grid.seeds[0]))
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in d.items():
-        if isinstance(value, dict) and key not in ("kwargs", "algo_overrides"):
-            out |= _flatten(value, f"{prefix}{key}.")
-        else:
-            out[prefix + key] = value
-    return out
 
 
 # ----------------------------------------------------------------------------- cells
@@ -311,8 +302,8 @@ def _check_same_config(config: TrainConfig, directory: Path) -> None:
     saved_path = directory / "checkpoint" / "config.json"
     if not saved_path.exists():
         return
-    saved = _flatten(json.loads(saved_path.read_text()))
-    now = _flatten(to_dict(config))
+    saved = flatten(json.loads(saved_path.read_text()))
+    now = flatten(to_dict(config))
     changed = {k: (saved[k], now[k]) for k in saved.keys() & now.keys()
                if saved[k] != now[k] and now[k] is not None and k not in _MAY_CHANGE_ON_RESUME}
     if changed:

@@ -336,6 +336,18 @@ def to_dict(config: TrainConfig) -> dict:
     return dataclasses.asdict(config)
 
 
+def flatten(d: dict, prefix: str = "") -> dict:
+    """A config mapping (``to_dict``'s, or a config.json) as ``{"rollout.window": 2, ...}``; ``kwargs`` and
+    ``algo_overrides`` stay whole, as values."""
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict) and key not in ("kwargs", "algo_overrides"):
+            out |= flatten(value, f"{prefix}{key}.")
+        else:
+            out[prefix + key] = value
+    return out
+
+
 # ----------------------------------------------------------------------------- checks
 
 

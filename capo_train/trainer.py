@@ -44,7 +44,7 @@ from data_prep.progress import SILENT, Progress
 
 from .algorithms import get
 from .backends.select import holds_weights, rollout_backend, sync_rollout_weights
-from .config import TrainConfig, batch_shape, default_out_dir, to_dict
+from .config import TrainConfig, batch_shape, default_out_dir, flatten, to_dict
 from .distributed import gather_trajectories, make_accelerator
 from .envpool import pool_from_config
 from .episodes import episode_file, recorder_for
@@ -206,7 +206,7 @@ def load_warm_start(run: Run, from_run: Path, progress: Progress = SILENT) -> di
     del shared
     record = dict(saved.history[0]) if saved.history else {}
     record.pop("iteration", None)
-    theirs, ours = _flat(json.loads((directory / "config.json").read_text())), _flat(to_dict(run.config))
+    theirs, ours = flatten(json.loads((directory / "config.json").read_text())), flatten(to_dict(run.config))
     differs = [k for k in ours if k.startswith(EVAL_SETTINGS) and theirs.get(k) != ours[k]]
     if differs:
         record = {k: v for k, v in record.items() if not k.startswith(("eval/", "time/eval"))}
@@ -218,16 +218,6 @@ def load_warm_start(run: Run, from_run: Path, progress: Progress = SILENT) -> di
             target.write_bytes(held_out_file.read_bytes())
     progress.say(f"warm start from {from_run}" + (f" (evaluated again: {', '.join(differs)} differ)" if differs else ""))
     return record | {"sft/shared": 1.0}
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in d.items():
-        if isinstance(value, dict) and prefix + key not in ("env.kwargs", "algo_overrides"):
-            out |= _flat(value, f"{prefix}{key}.")
-        else:
-            out[prefix + key] = value
-    return out
 
 
 def checkpoint(run: Run, state: RunState) -> None:
