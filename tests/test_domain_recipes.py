@@ -412,19 +412,24 @@ def test_a_tiny_lm_fitted_to_an_env_is_built_once_and_reads_its_text(tmp_path):
     assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
 
 
-def test_the_synthscholar_table_grid_runs_the_recipe_for_every_algorithm():
-    """docs/results/domains/synthscholar/grid.yaml is the algorithm table on configs/synthscholar.yaml: its capo
-    cell is the recipe run (same env, model, warm start, budget and evaluation), and every algorithm spends the
-    same episodes an iteration."""
-    from capo_train.compare import cell_config, check_grid, grid_envs, load_grid
+@pytest.mark.parametrize("name", ["synthscholar", pytest.param("synthshop", marks=needs_webshop)])
+def test_a_domains_table_grid_runs_the_recipe_for_every_algorithm(name):
+    """docs/results/domains/<name>/grid.yaml is the algorithm table on configs/<name>.yaml: its capo cell is the
+    recipe run (same env, model, warm start, budget and evaluation; with a shared warm start, the recipe's warm
+    start run once for every algorithm), and every algorithm spends the same episodes an iteration."""
+    from capo_train.compare import cell_config, check_grid, grid_envs, load_grid, warm_start_config
     from capo_train.config import batch_shape, to_dict
 
-    grid = load_grid(CONFIGS.parent / "docs/results/domains/synthscholar/grid.yaml")
+    grid = load_grid(CONFIGS.parent / f"docs/results/domains/{name}/grid.yaml")
     check_grid(grid)
     (env,) = grid_envs(grid)
-    recipe = load_config(CONFIGS / "synthscholar.yaml")
+    recipe = load_config(CONFIGS / f"{name}.yaml")
     cell = cell_config(grid, env, "capo", 0)
     recipe_dict, cell_dict = to_dict(recipe), to_dict(cell)
+    if grid.shared_warm_start:
+        warm = warm_start_config(grid, env, 0)
+        assert cell.sft.from_run == warm.out_dir and warm.iterations == 0 and warm.sft == recipe.sft
+        cell_dict["sft"]["from_run"] = ""
     for settings in (recipe_dict, cell_dict):  # where it is written, and the batch shape checked below
         settings.pop("out_dir")
         for key in ("group_size", "tasks_per_batch"):
