@@ -216,7 +216,8 @@ def load_warm_start(run: Run, from_run: Path, progress: Progress = SILENT) -> di
             target = episode_file(run.config.out_dir, 0, kind="eval")
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(held_out_file.read_bytes())
-    progress.say(f"warm start from {from_run}" + (f" (evaluated again: {', '.join(differs)} differ)" if differs else ""))
+    again = f" (evaluated again: {', '.join(differs)} differ)" if differs else ""
+    progress.say(f"warm start from {from_run}{again}")
     return record | {"sft/shared": 1.0}
 
 

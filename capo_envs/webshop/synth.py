@@ -13,7 +13,8 @@ from .world import generate_catalog
 
 
 @lru_cache(maxsize=4)
-def synth_shop(seed: int, num_products: int, all_options: bool = False) -> tuple[MemoryStore, ProductSearch, tuple[dict, ...]]:
+def synth_shop(seed: int, num_products: int,
+               all_options: bool = False) -> tuple[MemoryStore, ProductSearch, tuple[dict, ...]]:
     """The generated shop for ``seed``: products, BM25 search and shuffled goals (cached per process)."""
     raw, attributes = generate_catalog(seed, num_products, all_options=all_options)
     products = load_products(raw, attributes, human_goals=False)
