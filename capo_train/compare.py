@@ -31,6 +31,7 @@ from .config import (
     ConfigError, TrainConfig, apply_updates, batch_shape, env_kwargs, flatten, parse_overrides, read_mapping, to_dict,
     validate,
 )
+from .models.checkpoints import read_run_state
 from .report import read_log
 from .trainer import train
 
@@ -251,8 +252,8 @@ def warm_start_config(grid: GridConfig, env: GridEnv, seed: int) -> TrainConfig:
 
 
 def warm_start_done(directory: Path) -> bool:
-    state = directory / "checkpoint" / "run_state.json"
-    return state.is_file() and json.loads(state.read_text()).get("sft_done", False)
+    state = read_run_state(directory)
+    return state is not None and state.sft_done
 
 
 def cell_config(grid: GridConfig, env: GridEnv, algo: str, seed: int) -> TrainConfig:
@@ -337,28 +338,30 @@ def run_grid(grid: GridConfig, command: str | None = None, jobs: int = 1) -> lis
             for seed in grid.seeds:
                 config = warm_start_config(grid, env, seed)
                 if not warm_start_done(Path(config.out_dir)):
-                    warm_starts.append((f"warm start {slug(env.name)}/seed-{seed}", config))
-    if jobs == 1:
-        for where, config in warm_starts:
-            print(f"{where}: training", flush=True)
-            train_cell(config, progress_tag=f"capo compare {where}")
-    elif warm_starts:
-        _run_parallel(grid, command, warm_starts, jobs)
+                    name = f"warm start {slug(env.name)}/seed-{seed}"
+                    warm_starts.append((name, name, config))
+    _train_all(grid, command, warm_starts, jobs)
     pending = []
     for i, config in enumerate(todo, 1):
-        where = f"[{i}/{len(todo)}] {Path(config.out_dir).relative_to(out / 'runs')}"
+        name = str(Path(config.out_dir).relative_to(out / "runs"))
         if is_done(grid, Path(config.out_dir)):
-            print(f"{where}: done, skipped", flush=True)
+            print(f"[{i}/{len(todo)}] {name}: done, skipped", flush=True)
         else:
-            pending.append((where, config))
-    if jobs == 1:
-        for where, config in pending:
-            print(f"{where}: training", flush=True)
-            train_cell(config, progress_tag=f"capo compare {Path(config.out_dir).relative_to(out / 'runs')}")
-            write_results(grid, command)
-    else:
-        _run_parallel(grid, command, pending, jobs)
+            pending.append((f"[{i}/{len(todo)}] {name}", name, config))
+    _train_all(grid, command, pending, jobs)
     return write_results(grid, command)
+
+
+def _train_all(grid: GridConfig, command: str | None, items: list, jobs: int) -> None:
+    """Train ``items`` (``(label, progress tag, config)``) one after the other, or ``jobs`` at once, writing
+    the results after each."""
+    if jobs == 1:
+        for where, tag, config in items:
+            print(f"{where}: training", flush=True)
+            train_cell(config, progress_tag=f"capo compare {tag}")
+            write_results(grid, command)
+    elif items:
+        _run_parallel(grid, command, [(where, config) for where, _, config in items], jobs)
 
 
 def train_cell(config: TrainConfig, threads: int | None = None, progress_tag: str | None = None) -> None:

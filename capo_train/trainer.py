@@ -49,7 +49,7 @@ from .distributed import gather_trajectories, make_accelerator
 from .envpool import pool_from_config
 from .episodes import episode_file, recorder_for
 from .evaluation import held_out
-from .models.checkpoints import CHECKPOINT, RunState, load_run, save_run
+from .models.checkpoints import CHECKPOINT, RunState, load_checkpoint, load_run, read_run_state, save_run
 from .report import Logger, Stopwatch, plot_curves, progress_postfix, summarise_run
 from .rollout import RolloutSettings, collect, has_task_ids, rollout_stats
 from .rows import action_features, build_rows, row_frozen_states
@@ -188,12 +188,10 @@ def load_warm_start(run: Run, from_run: Path, progress: Progress = SILENT) -> di
     iteration, into ``run.model`` (the critic stays as built: a warm start trains the actor only); returns
     ``from_run``'s iteration-0 record, with its ``eval/*`` keys only when its evaluation stands for this run's
     (``EVAL_SETTINGS``; its recorded held-out episodes are copied then too)."""
-    from .models.checkpoints import load_checkpoint
-
-    directory = from_run / CHECKPOINT
-    if not (directory / "run_state.json").is_file():
+    saved = read_run_state(from_run)
+    if saved is None:
         raise FileNotFoundError(f"sft.from_run={from_run}: no checkpoint there (train it with `capo sft`)")
-    saved = RunState(**json.loads((directory / "run_state.json").read_text()))
+    directory = from_run / CHECKPOINT
     if not saved.sft_done or saved.iteration != 0:
         raise ValueError(f"sft.from_run={from_run} is not a warm start: its checkpoint is after {saved.iteration} "
                          f"RL iterations (a warm start is `capo sft`, or a run with iterations=0)")

@@ -146,8 +146,13 @@ def load_run(
     saved = torch.load(directory / "optimizers.pt", weights_only=True)
     for name, opt in optimizers.items():
         opt.load_state_dict(saved[name])
-    state = RunState(**json.loads((directory / "run_state.json").read_text()))
-    return model, tokenizer, optimizers, state
+    return model, tokenizer, optimizers, read_run_state(out_dir)
+
+
+def read_run_state(out_dir: Path) -> RunState | None:
+    """The progress saved with ``out_dir``'s checkpoint; None when there is no checkpoint."""
+    path = Path(out_dir) / CHECKPOINT / "run_state.json"
+    return RunState(**json.loads(path.read_text())) if path.is_file() else None
 
 
 __all__ = [
@@ -156,6 +161,7 @@ __all__ = [
     "export_actor",
     "load_checkpoint",
     "load_run",
+    "read_run_state",
     "save_checkpoint",
     "save_run",
 ]
