@@ -454,7 +454,7 @@ def describe(grid: GridConfig, command: str | None) -> str:
         f"- base: {json.dumps(grid.base, sort_keys=True)}",
         *[f"- {algo} only: {json.dumps(updates, sort_keys=True)}" for algo, updates in grid.per_algo.items()],
         "",
-        ("Held-out success, EM, F1, invalid-action rate, actions and generated tokens per episode: greedy "
+        ("Held-out success, score, EM, F1, invalid-action rate, actions and generated tokens per episode: greedy "
          "decoding at the end of each run; rollout success: sampled training episodes over the last tenth of "
          "the iterations; trajectories and RL tokens: episodes collected and tokens generated in RL; "
          "mean ± sample std over the seeds done."),

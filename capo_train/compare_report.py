@@ -11,13 +11,16 @@ from pathlib import Path
 from typing import Any
 
 # (column, eval key): read from each run's last held-out evaluation.
-EVAL_METRICS = (("success", "eval/success"), ("env_em", "eval/env_em"), ("env_f1", "eval/env_f1"),
-                ("invalid_rate", "eval/invalid_action_rate"), ("actions", "eval/actions_per_episode"))
-METRICS = ("success", "env_em", "env_f1", "invalid_rate", "actions", "tokens", "train_success", "trajectories",
+# env_score: WebShop's and SynthShop's score in [0, 1], whatever reward the env was trained on.
+EVAL_METRICS = (("success", "eval/success"), ("env_score", "eval/env_score"), ("env_em", "eval/env_em"),
+                ("env_f1", "eval/env_f1"), ("invalid_rate", "eval/invalid_action_rate"),
+                ("actions", "eval/actions_per_episode"))
+METRICS = ("success", "env_score", "env_em", "env_f1", "invalid_rate", "actions", "tokens", "train_success", "trajectories",
            "rl_tokens", "seconds_per_iteration")
 ALWAYS = ("success", "trajectories", "seconds_per_iteration")  # columns kept even when no cell has them yet
 LABELS = {
     "success": "held-out success",
+    "env_score": "score",
     "env_em": "EM",
     "env_f1": "F1",
     "invalid_rate": "invalid actions",

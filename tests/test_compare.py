@@ -206,12 +206,13 @@ def test_aggregation_of_hand_written_records(tmp_path):
          "rollout/tokens_generated": 40.0},
         {"iteration": 2, "rollout/episodes": 4.0, "time/iteration_s": 4.0, "eval/success": 0.5, "eval/env_em": 0.5,
          "rollout/tokens_generated": 60.0, "eval/episodes": 2.0, "eval/tokens_generated": 30.0,
-         "eval/invalid_action_rate": 0.25, "eval/actions_per_episode": 3.0},
+         "eval/invalid_action_rate": 0.25, "eval/actions_per_episode": 3.0, "eval/env_score": 0.75},
     ]
     log.write_text("".join(json.dumps(r) + "\n" for r in records))
     first = run_metrics(read_log(log))
     assert first == {"trajectories": 8.0, "rl_tokens": 100.0, "seconds_per_iteration": 3.0, "success": 0.5,
-                     "env_em": 0.5, "invalid_rate": 0.25, "actions": 3.0, "tokens": 15.0, "train_success": 0.0}
+                     "env_em": 0.5, "invalid_rate": 0.25, "actions": 3.0, "tokens": 15.0, "train_success": 0.0,
+                     "env_score": 0.75}
     second = run_metrics([{"iteration": 1, "rollout/episodes": 4.0, "eval/success": 0.0}])  # no EM, no timing
     row = summarise_seeds([first, second])
     assert row["seeds_done"] == 2
@@ -222,10 +223,11 @@ def test_aggregation_of_hand_written_records(tmp_path):
     assert summarise_seeds([]) == {"seeds_done": 0}
     rows = [{"env": "e", "algo": "a", "group_size": 1} | row]
     assert "env_f1_mean" not in columns(rows) and "env_em_mean" in columns(rows)
+    assert row["env_score_mean"] == 0.75 and "env_score_mean" in columns(rows)  # WebShop's score, where reported
     grid = GridConfig(algos=["a"], seeds=[0, 1])
     table = markdown_table(rows, grid)
-    assert "| held-out success | EM | invalid actions | actions / episode | tokens / episode | rollout success" in table
-    assert "| e | a | 2/2 | 0.250 ± 0.354 | 0.500 | 0.250 | 3.00 | 15.0 | 0.000 | 6 ± 3 | 50 ± 71 | 3.00 |" in table
+    assert "| held-out success | score | EM | invalid actions | actions / episode | tokens / episode | rollout" in table
+    assert "| e | a | 2/2 | 0.250 ± 0.354 | 0.750 | 0.500 | 0.250 | 3.00 | 15.0 | 0.000 | 6 ± 3 | 50 ± 71 | 3.00 |" in table
     rollouts = [{"iteration": i, "rollout/episodes": 4.0, "rollout/success": i / 20} for i in range(1, 21)]
     assert run_metrics(rollouts)["train_success"] == pytest.approx((19 / 20 + 20 / 20) / 2)  # the last 2 of 20
 
