@@ -15,8 +15,8 @@ from typing import Any
 EVAL_METRICS = (("success", "eval/success"), ("env_score", "eval/env_score"), ("env_em", "eval/env_em"),
                 ("env_f1", "eval/env_f1"), ("invalid_rate", "eval/invalid_action_rate"),
                 ("actions", "eval/actions_per_episode"))
-METRICS = ("success", "env_score", "env_em", "env_f1", "invalid_rate", "actions", "tokens", "train_success", "trajectories",
-           "rl_tokens", "seconds_per_iteration")
+METRICS = ("success", "env_score", "env_em", "env_f1", "invalid_rate", "actions", "tokens", "train_success",
+           "trajectories", "rl_tokens", "seconds_per_iteration")
 ALWAYS = ("success", "trajectories", "seconds_per_iteration")  # columns kept even when no cell has them yet
 LABELS = {
     "success": "held-out success",
