@@ -170,6 +170,24 @@ def test_capo_reward_variant():
     assert terminated and reward == 10.0
 
 
+def test_score_weight_adds_the_score_to_a_failed_and_a_won_purchase():
+    env = tiny_env(reward="capo", score_weight=2.0)
+    open_target(env)
+    _, reward, terminated, *_ = env.step("click[buy now]")  # the colour not clicked: score 2/3, no success
+    assert terminated and reward == pytest.approx(2 * 2 / 3)
+    open_target(env)
+    env.step("click[black]")
+    _, reward, *_ = env.step("click[buy now]")
+    assert reward == pytest.approx(10.0 + 2.0)
+
+
+@pytest.mark.parametrize("kwargs", [{"score_weight": -1.0}, {"score_weight": "2"}, {"score_weight": True},
+                                    {"score_weight": 1.0, "reward": "score"}])
+def test_score_weight_is_checked(kwargs):
+    with pytest.raises(ValueError, match="score_weight"):
+        tiny_env(**kwargs)
+
+
 @pytest.mark.parametrize(
     "text, expected",
     [

@@ -16,7 +16,7 @@ def reward_deps_installed() -> bool:
 _ACTIONS = "search[keywords] | click[value] (the original's text actions; action_format='tags': <action>...</action>)"
 _REWARD = (
     "on Buy Now: WebShop's score r_type*(attrs+options+price)/(|attrs|+|options|+1) in [0,1] "
-    "(reward='capo': 10 on success, -0.1 per invalid action)"
+    "(reward='capo': 10 on success, -0.1 per invalid action, + score_weight x the score on any purchase)"
 )
 _METRICS = "success (score == 1), score, purchased, exact_product, r_type, r_att, r_price"
 

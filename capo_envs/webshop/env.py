@@ -4,7 +4,7 @@ and ``make_webshop_env``, the entry point of ``capo/WebShop-v0`` (SynthShop's is
 One task = one goal (by its index in the shuffled goal list, the original's ``fixed_{i}`` session).
 Buying ends the episode (``terminated``) with the original's reward (``reward="score"``) or the CAPO
 authors' (``reward="capo"``: +10 on success, and an invalid action costs 0.1 unless ``invalid_penalty`` is
-given); 15 actions without a purchase truncate it. Success = score 1 (WS baselines' ``r == 1``).
+given; ``score_weight`` w adds w x the score to any purchase, so a failed purchase still beats none); 15 actions without a purchase truncate it. Success = score 1 (WS baselines' ``r == 1``).
 
 Prepared data (``capo data prepare webshop --size small|full``) lives in ``$CAPO_DATA_DIR/webshop`` (full,
 1.18M products) or ``$CAPO_DATA_DIR/webshop-small`` (1,000): ``products.sqlite`` (products in
@@ -73,6 +73,7 @@ class ShopEnv(TextEnv):
         max_steps: int = DEFAULT_MAX_STEPS,
         reward: str = "score",
         invalid_penalty: float | None = None,
+        score_weight: float = 0.0,
         noun_tagger: str = "auto",
         action_format: str = "plain",
         max_context_chars: int | None = None,
@@ -94,6 +95,10 @@ class ShopEnv(TextEnv):
             raise ValueError(f"option_handles must be a bool, got {option_handles!r}")
         if isinstance(results_per_page, bool) or not isinstance(results_per_page, int) or results_per_page < 1:
             raise ValueError(f"results_per_page must be a positive int, got {results_per_page!r}")
+        if isinstance(score_weight, bool) or not isinstance(score_weight, (int, float)) or not 0 <= score_weight < 1e6:
+            raise ValueError(f"score_weight must be a number >= 0, got {score_weight!r}")
+        if score_weight and reward != "capo":
+            raise ValueError("score_weight adds the score to reward='capo'; reward='score' is the score already")
         if invalid_penalty is None:
             invalid_penalty = CAPO_INVALID_PENALTY if reward == "capo" else 0.0
         protocol = WebShopProtocol(TOOLS, action_format=action_format)
@@ -106,7 +111,7 @@ class ShopEnv(TextEnv):
             raise ValueError("this split has no goals")
         self.store, self.search_engine, self.goals = store, search, list(goals)
         self.reward_kind, self.expert_mode, self.results_per_page = reward, expert_mode, results_per_page
-        self.mistake, self.option_handles = mistake, option_handles
+        self.mistake, self.option_handles, self.score_weight = mistake, option_handles, float(score_weight)
         self.tagger = get_tagger(noun_tagger)
         self._ids = [f"{task_prefix}-{goal_offset + i}" for i in range(len(self.goals))]
         self._index = {task_id: i for i, task_id in enumerate(self._ids)}
@@ -133,7 +138,10 @@ class ShopEnv(TextEnv):
         score = session.click(action.args["value"])
         if session.state.page != DONE:
             return Outcome(session.observation(), info={"page": session.state.page})
-        reward = score if self.reward_kind == "score" else CAPO_SUCCESS_REWARD * (score == 1.0)
+        if self.reward_kind == "score":
+            reward = score
+        else:
+            reward = CAPO_SUCCESS_REWARD * (score == 1.0) + self.score_weight * score
         parts = {k: float(NO_OPTIONS if v is None else v) for k, v in (self._parts or {}).items()}
         return Outcome(session.observation(), reward=reward, terminated=True, info={"page": DONE, "reward_parts": parts})
 
