@@ -4,7 +4,8 @@ and ``make_webshop_env``, the entry point of ``capo/WebShop-v0`` (SynthShop's is
 One task = one goal (by its index in the shuffled goal list, the original's ``fixed_{i}`` session).
 Buying ends the episode (``terminated``) with the original's reward (``reward="score"``) or the CAPO
 authors' (``reward="capo"``: +10 on success, and an invalid action costs 0.1 unless ``invalid_penalty`` is
-given; ``score_weight`` w adds w x the score to any purchase, so a failed purchase still beats none); 15 actions without a purchase truncate it. Success = score 1 (WS baselines' ``r == 1``).
+given; ``score_weight`` w adds w x the score to any purchase, so a failed purchase still beats none); 15 actions
+without a purchase truncate it. Success = score 1 (WS baselines' ``r == 1``).
 
 Prepared data (``capo data prepare webshop --size small|full``) lives in ``$CAPO_DATA_DIR/webshop`` (full,
 1.18M products) or ``$CAPO_DATA_DIR/webshop-small`` (1,000): ``products.sqlite`` (products in
@@ -95,8 +96,9 @@ class ShopEnv(TextEnv):
             raise ValueError(f"option_handles must be a bool, got {option_handles!r}")
         if isinstance(results_per_page, bool) or not isinstance(results_per_page, int) or results_per_page < 1:
             raise ValueError(f"results_per_page must be a positive int, got {results_per_page!r}")
-        if isinstance(score_weight, bool) or not isinstance(score_weight, (int, float)) or not 0 <= score_weight < 1e6:
-            raise ValueError(f"score_weight must be a number >= 0, got {score_weight!r}")
+        weight_is_number = isinstance(score_weight, (int, float)) and not isinstance(score_weight, bool)
+        if not weight_is_number or not 0 <= score_weight < 1e6:
+            raise ValueError(f"score_weight must be a number in [0, 1e6), got {score_weight!r}")
         if score_weight and reward != "capo":
             raise ValueError("score_weight adds the score to reward='capo'; reward='score' is the score already")
         if invalid_penalty is None:
