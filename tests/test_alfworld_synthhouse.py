@@ -38,7 +38,7 @@ def test_every_task_type_translates_with_fast_downward():
 
     from capo_envs.alfworld.world import make_game
 
-    for size in ("tiny", "large"):
+    for size in ("micro", "tiny", "large"):
         for task_type in TASK_TYPE_NAMES:
             game, _ = make_game(f"t-{size}-{task_type}", task_type, size)
             task, sas = fast_downward.pddl2sas(game["pddl_domain"], game["pddl_problem"])
@@ -72,6 +72,32 @@ def test_expert_wins_a_sample_of_each_task_type():
             done = terminated or truncated
         assert terminated and reward == 1.0 and info["metrics"]["success"] == 1.0, info["task_id"]
         assert base.expert_action() is None
+    env.close()
+
+
+def test_micro_rooms_hold_only_what_the_task_needs_and_the_expert_wins_each_type():
+    """size="micro" (the CPU recipe's preset): the receptacles the task needs (the object's start, the task's
+    receptacle, the appliance of a clean/heat/cool task or a lamp's stand), filled up to 3 a room, one other
+    object; the handcoded expert wins each type."""
+    from capo_envs.alfworld.world import SIZES, draw_house
+
+    for task_type in TASK_TYPE_NAMES:
+        for n in range(20):
+            house = draw_house(task_type, random.Random(f"micro-{task_type}-{n}"), "micro")
+            assert len(house.receptacles) == 3 and len(house.objects) <= 5, (task_type, house.receptacles)
+            kinds = {rtype for _, rtype, _ in house.receptacles}
+            assert (house.parent in kinds) == bool(house.parent)
+    assert SIZES["micro"]["receptacles"] < SIZES["tiny"]["receptacles"]
+    env = gym.make("capo/SynthHouse-v0", size="micro", split="dev", max_steps=20)
+    base = env.unwrapped
+    for index in range(6):
+        obs, info = env.reset(options={"task_index": index})
+        assert obs.count("go to ") == 3, obs  # "Admissible commands: go to cabinet 1, go to fridge 1, ..."
+        done = False
+        while not done:
+            _, reward, terminated, truncated, info = env.step(base.expert_action())
+            done = terminated or truncated
+        assert terminated and info["metrics"]["success"] == 1.0, info["task_id"]
     env.close()
 
 

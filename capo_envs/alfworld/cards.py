@@ -29,7 +29,7 @@ CARDS: tuple[EnvCard, ...] = (
         cpu_preset={"size": "tiny", "max_steps": 20},
         cpu_preset_why="the smallest house and 20 steps (the CAPO authors' budget); long episodes overflow 1024 "
                        "prompt tokens with the whole history: train with rollout.state=window rollout.layout=per_action",
-        summary="generated ALFWorld households (all 6 task types, size=tiny|small|medium|large) played by the real ALFWorld engine",
+        summary="generated ALFWorld households (all 6 task types, size=micro|tiny|small|medium|large) played by the real ALFWorld engine",
         data="none (generated from a seed); needs the engine extra: pip install 'capo-gym[alfworld]'",
         prepare="pip install 'capo-gym[alfworld]'",
         data_ready=engine_available,

@@ -16,13 +16,13 @@ from typing import Any, Sequence
 from .env import HouseEnv
 from .games import resolve_task_types
 
-SIZES = ("tiny", "small", "medium", "large")  # receptacles per room: 5, 8, 14, 22 (world.SIZES)
+SIZES = ("micro", "tiny", "small", "medium", "large")  # receptacles per room: 3, 5, 8, 14, 22 (world.SIZES)
 SPLITS = ("train", "dev", "test")
 DEFAULT_TASKS = {"train": 10_000, "dev": 500, "test": 500}
 
 
 class SynthHouseEnv(HouseEnv):
-    """Generated ALFWorld households: ``size`` tiny|small|medium|large, ``split`` train|dev|test, ``seed``,
+    """Generated ALFWorld households: ``size`` micro|tiny|small|medium|large, ``split`` train|dev|test, ``seed``,
     ``task_types`` (ids 1-6 or names; default all six), ``num_tasks``; the rest as ``capo/ALFWorld-v0``."""
 
     def __init__(
