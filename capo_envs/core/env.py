@@ -225,6 +225,25 @@ class TextEnv(gym.Env[str, str]):
             info["available_actions"] = list(actions)
 
 
+# Checks of an env kwarg's value, with an error that names the kwarg and its range.
+def int_knob(name: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{name} must be an int in [{low}, {high}], got {value!r}")
+    return value
+
+
+def float_knob(name: str, value: Any, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ValueError(f"{name} must be a number in [{low}, {high}], got {value!r}")
+    return float(value)
+
+
+def choice_knob(name: str, value: Any, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+    return value
+
+
 def _print_text(text: str) -> None:
     """Print an action or observation even if it holds lone surrogates ("\\ud800"), which strict stdout
     encoders refuse: they are shown as backslash escapes."""

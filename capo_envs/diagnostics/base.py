@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from typing import Any, Sequence
 
-from ..core.env import TextEnv
+from ..core.env import TextEnv, choice_knob, float_knob, int_knob
 from ..core.protocol import Action, ToolSpec
 from .protocol import RULED_PROTOCOLS
 
@@ -35,24 +35,6 @@ WORDS = (
     "king", "queen", "child", "friend", "farmer", "baker", "runs", "sits", "sings", "reads", "jumps", "swims",
     "sleeps", "walks", "finds", "keeps", "near", "under", "over", "behind", "past", "with", "and", "then",
 )  # fmt: skip
-
-
-def int_knob(name: str, value: Any, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{name} must be an int in [{low}, {high}], got {value!r}")
-    return value
-
-
-def float_knob(name: str, value: Any, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise ValueError(f"{name} must be a number in [{low}, {high}], got {value!r}")
-    return float(value)
-
-
-def choice_knob(name: str, value: Any, choices: Sequence[str]) -> str:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
-    return value
 
 
 class DiagnosticEnv(TextEnv):

@@ -11,10 +11,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from ..core.env import Outcome
 from ..core.protocol import Action, ToolSpec, as_text
 from ..qa.metrics import exact_match, f1_score
-from .base import WORDS, DiagnosticEnv, choice_knob, float_knob, int_knob
+from ..core.env import Outcome, choice_knob, float_knob, int_knob
+from .base import WORDS, DiagnosticEnv
 
 DOORS = ("left", "right", "middle", "back")
 DISTRACTORS = (

@@ -8,11 +8,12 @@ finding the supporting passages; ``info["metrics"]["em"]`` stays the benchmark's
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..core.env import Outcome, TextEnv
+from ..core.env import Outcome, TextEnv, float_knob
 from ..core.paths import dataset_dir, require
 from ..core.protocol import Action
 from ..retrieval.base import Hit, Retriever
@@ -81,8 +82,7 @@ class MultiHopQAEnv(TextEnv):
             raise ValueError("MultiHopQAEnv needs at least one task")
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive int, got {k!r}")
-        if isinstance(support_reward, bool) or not isinstance(support_reward, (int, float)) or support_reward < 0:
-            raise ValueError(f"support_reward must be a number >= 0, got {support_reward!r}")
+        float_knob("support_reward", support_reward, 0.0, math.inf)
         super().__init__(
             make_qa_protocol(action_format),
             max_steps=max_steps,

@@ -24,7 +24,7 @@ import random
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..core.env import Outcome, TextEnv
+from ..core.env import Outcome, TextEnv, float_knob
 from ..core.paths import DataNotPreparedError, dataset_dir, is_prepared
 from ..core.protocol import Action
 from .engine import (
@@ -96,9 +96,7 @@ class ShopEnv(TextEnv):
             raise ValueError(f"option_handles must be a bool, got {option_handles!r}")
         if isinstance(results_per_page, bool) or not isinstance(results_per_page, int) or results_per_page < 1:
             raise ValueError(f"results_per_page must be a positive int, got {results_per_page!r}")
-        weight_is_number = isinstance(score_weight, (int, float)) and not isinstance(score_weight, bool)
-        if not weight_is_number or not 0 <= score_weight < 1e6:
-            raise ValueError(f"score_weight must be a number in [0, 1e6), got {score_weight!r}")
+        float_knob("score_weight", score_weight, 0.0, 1e6)
         if score_weight and reward != "capo":
             raise ValueError("score_weight adds the score to reward='capo'; reward='score' is the score already")
         if invalid_penalty is None:
