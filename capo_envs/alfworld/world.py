@@ -85,7 +85,7 @@ LOOK_TARGETS = (
 # Size knob: receptacles in the room, other objects, instances of the target type.
 SIZES = {
     # micro: only the receptacles the task needs (the start, the goal, the appliance or lamp stand), one other
-    # object; a CPU preset whose search a clone of 64 demonstrations can learn (docs/envs/alfworld.md).
+    # object; a CPU preset whose search takes 1-3 moves (configs/synthhouse.yaml, docs/envs/alfworld.md).
     "micro": {"receptacles": 3, "distractors": 1, "targets": (1, 1)},
     "tiny": {"receptacles": 5, "distractors": 3, "targets": (1, 2)},
     "small": {"receptacles": 8, "distractors": 8, "targets": (1, 2)},

@@ -11,9 +11,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from ..core.env import Outcome, choice_knob, float_knob, int_knob
 from ..core.protocol import Action, ToolSpec, as_text
 from ..qa.metrics import exact_match, f1_score
-from ..core.env import Outcome, choice_knob, float_knob, int_knob
 from .base import WORDS, DiagnosticEnv
 
 DOORS = ("left", "right", "middle", "back")
