@@ -79,6 +79,7 @@ def test_micro_rooms_hold_only_what_the_task_needs_and_the_expert_wins_each_type
     """size="micro" (the CPU recipe's preset): the receptacles the task needs (the object's start, the task's
     receptacle, the appliance of a clean/heat/cool task or a lamp's stand), filled up to 3 a room, one other
     object; the handcoded expert wins each type."""
+    from capo_envs.alfworld import synth
     from capo_envs.alfworld.world import SIZES, draw_house
 
     for task_type in TASK_TYPE_NAMES:
@@ -88,6 +89,7 @@ def test_micro_rooms_hold_only_what_the_task_needs_and_the_expert_wins_each_type
             kinds = {rtype for _, rtype, _ in house.receptacles}
             assert (house.parent in kinds) == bool(house.parent)
     assert SIZES["micro"]["receptacles"] < SIZES["tiny"]["receptacles"]
+    assert synth.SIZES == tuple(SIZES)  # the env checks `size` against its own copy of the names
     env = gym.make("capo/SynthHouse-v0", size="micro", split="dev", max_steps=20)
     base = env.unwrapped
     for index in range(6):

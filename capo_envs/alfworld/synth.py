@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from ..core.env import choice_knob, int_knob
 from .env import HouseEnv
 from .games import resolve_task_types
 
-SIZES = ("micro", "tiny", "small", "medium", "large")  # receptacles per room: 3, 5, 8, 14, 22 (world.SIZES)
+# world.SIZES's names (receptacles per room: 3, 5, 8, 14, 22), repeated because world imports alfworld, which
+# this module must not; tests/test_alfworld_synthhouse.py checks that the two agree.
+SIZES = ("micro", "tiny", "small", "medium", "large")
 SPLITS = ("train", "dev", "test")
 DEFAULT_TASKS = {"train": 10_000, "dev": 500, "test": 500}
 
@@ -34,16 +37,11 @@ class SynthHouseEnv(HouseEnv):
         num_tasks: int | None = None,
         **kwargs: Any,
     ):
-        if size not in SIZES:
-            raise ValueError(f"size must be one of {list(SIZES)}, got {size!r}")
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+        choice_knob("size", size, SIZES)
+        choice_knob("split", split, SPLITS)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an int, got {seed!r}")
-        if num_tasks is None:
-            num_tasks = DEFAULT_TASKS[split]
-        elif isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or not 1 <= num_tasks <= 10**7:
-            raise ValueError(f"num_tasks must be an int in [1, 10000000], got {num_tasks!r}")
+        num_tasks = DEFAULT_TASKS[split] if num_tasks is None else int_knob("num_tasks", num_tasks, 1, 10**7)
         self.size, self.split, self.seed = size, split, seed
         self.task_types = resolve_task_types(task_types)
         types = self.task_types
