@@ -46,7 +46,7 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..core.env import Outcome, TextEnv
+from ..core.env import Outcome, TextEnv, choice_knob
 from ..core.paths import DataNotPreparedError, dataset_dir, is_prepared
 from ..core.protocol import Action
 from .engine import Engine, EngineDied, EngineError, require_engine
@@ -101,10 +101,8 @@ class HouseEnv(TextEnv):
         require_engine()
         if isinstance(max_steps, bool) or not isinstance(max_steps, int):
             raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
-        if mistake not in MISTAKES:
-            raise ValueError(f"mistake must be one of {list(MISTAKES)}, got {mistake!r}")
-        if expert_mode not in EXPERT_MODES:
-            raise ValueError(f"expert_mode must be one of {list(EXPERT_MODES)}, got {expert_mode!r}")
+        choice_knob("mistake", mistake, MISTAKES)
+        choice_knob("expert_mode", expert_mode, EXPERT_MODES)
         super().__init__(
             make_protocol(action_format),
             max_steps=max_steps,

@@ -225,6 +225,10 @@ class TextEnv(gym.Env[str, str]):
             info["available_actions"] = list(actions)
 
 
+# The upper bound of count knobs that have no natural one (results a page, calls, top-k).
+MAX_COUNT = 1_000_000_000
+
+
 # Checks of an env kwarg's value, with an error that names the kwarg and its range.
 def int_knob(name: str, value: Any, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:

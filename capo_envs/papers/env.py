@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..core.env import Outcome, TextEnv
+from ..core.env import MAX_COUNT, Outcome, TextEnv, choice_knob, float_knob, int_knob
 from ..core.paths import dataset_dir, require
 from ..core.protocol import Action
 from .db import Paper, PaperDB
@@ -127,17 +127,12 @@ class PaperSearchEnv(TextEnv):
     ):
         if not tasks:
             raise ValueError("PaperSearchEnv needs at least one task")
-        if reward not in REWARDS:
-            raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
-        if expert_mode not in EXPERT_MODES:
-            raise ValueError(f"expert_mode must be one of {EXPERT_MODES}, got {expert_mode!r}")
-        if paper_handles not in PAPER_HANDLES:
-            raise ValueError(f"paper_handles must be one of {PAPER_HANDLES}, got {paper_handles!r}")
+        choice_knob("reward", reward, REWARDS)
+        choice_knob("expert_mode", expert_mode, EXPERT_MODES)
+        choice_knob("paper_handles", paper_handles, PAPER_HANDLES)
         for name, value in (("max_calls", max_calls), ("search_limit", search_limit), ("pool_view", pool_view)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not 0.0 <= float(selector_weight) <= 1.0:
-            raise ValueError(f"selector_weight must be in [0, 1], got {selector_weight!r}")
+            int_knob(name, value, 1, MAX_COUNT)
+        float_knob("selector_weight", selector_weight, 0.0, 1.0)
         super().__init__(
             make_paper_protocol(action_format, max_calls=max_calls, stop_without_call=stop_without_call,
                                 by_handle=paper_handles == "pool"),

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..core.env import Outcome, TextEnv, float_knob
+from ..core.env import MAX_COUNT, Outcome, TextEnv, choice_knob, float_knob, int_knob
 from ..core.paths import dataset_dir, require
 from ..core.protocol import Action
 from ..retrieval.base import Hit, Retriever
@@ -76,12 +76,10 @@ class MultiHopQAEnv(TextEnv):
         guess: str = "word",
         render_mode: str | None = None,
     ):
-        if guess not in GUESS_MODES:
-            raise ValueError(f"guess must be one of {GUESS_MODES}, got {guess!r}")
+        choice_knob("guess", guess, GUESS_MODES)
         if not tasks:
             raise ValueError("MultiHopQAEnv needs at least one task")
-        if not isinstance(k, int) or k < 1:
-            raise ValueError(f"k must be a positive int, got {k!r}")
+        int_knob("k", k, 1, MAX_COUNT)
         float_knob("support_reward", support_reward, 0.0, math.inf)
         super().__init__(
             make_qa_protocol(action_format),

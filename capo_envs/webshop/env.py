@@ -24,7 +24,7 @@ import random
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..core.env import Outcome, TextEnv, float_knob
+from ..core.env import MAX_COUNT, Outcome, TextEnv, choice_knob, float_knob, int_knob
 from ..core.paths import DataNotPreparedError, dataset_dir, is_prepared
 from ..core.protocol import Action
 from .engine import (
@@ -86,16 +86,12 @@ class ShopEnv(TextEnv):
     ):
         if importlib.util.find_spec("thefuzz") is None:
             raise ImportError("WebShop's reward needs thefuzz: pip install 'capo-gym[webshop]'")
-        if reward not in REWARDS:
-            raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
-        if expert_mode not in EXPERT_MODES:
-            raise ValueError(f"expert_mode must be one of {EXPERT_MODES}, got {expert_mode!r}")
-        if mistake not in MISTAKES:
-            raise ValueError(f"mistake must be one of {MISTAKES}, got {mistake!r}")
+        choice_knob("reward", reward, REWARDS)
+        choice_knob("expert_mode", expert_mode, EXPERT_MODES)
+        choice_knob("mistake", mistake, MISTAKES)
         if not isinstance(option_handles, bool):
             raise ValueError(f"option_handles must be a bool, got {option_handles!r}")
-        if isinstance(results_per_page, bool) or not isinstance(results_per_page, int) or results_per_page < 1:
-            raise ValueError(f"results_per_page must be a positive int, got {results_per_page!r}")
+        int_knob("results_per_page", results_per_page, 1, MAX_COUNT)
         float_knob("score_weight", score_weight, 0.0, 1e6)
         if score_weight and reward != "capo":
             raise ValueError("score_weight adds the score to reward='capo'; reward='score' is the score already")
