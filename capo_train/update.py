@@ -176,6 +176,7 @@ def compute_targets(
                 reference_logp(
                     model, batch.input_ids, batch.attention_mask, reference=reference,
                     logp_mask=batch.action_index >= 0, temperature=temperature,
+                    frozen_states=frozen_states_of(model, batch),
                 ),
                 batch,
             )  # [A, L]

@@ -271,3 +271,40 @@ def test_trainer_runs_only_the_trainable_layers_with_the_key(model_dir, tmp_path
     off, on = (json.loads(r) for r in records)
     for key in ("actor/loss", "critic/loss", "rollout/reward_mean"):
         assert on[key] == pytest.approx(off[key], rel=1e-3, abs=1e-4), key
+
+
+def test_reference_pass_on_recorded_states_equals_the_full_forward(actor_critic, tmp_path):
+    """The KL reference's log-probs from the rollout's recorded states equal a whole pass, for the actor with its
+    adapters off and for a reference merged from it (as after a warm start); a reference whose leading layers
+    differ from the actor's frozen ones gets a whole pass, not the recorded states."""
+    from capo_train.models.actor_critic import load_reference
+    from capo_train.models.scoring import reference_logp
+    from capo_train.setup import freeze_warm_start
+
+    model, tokenizer = actor_critic
+    trajs, backend = rollout(model, tokenizer, "window")
+    batch = build_rows(trajs, "per_action", backend.pad_id)
+    states = pad_frozen_states(row_frozen_states(trajs, "per_action"), batch.input_ids.shape[1])
+    mask = batch.action_index >= 0
+    freeze_warm_start(model, tokenizer, tmp_path / "warm")
+    merged = load_reference(tmp_path / "warm")
+    shifted = pad_frozen_states([torch.cat([s[:1], s[:-1]]) for s in row_frozen_states(trajs, "per_action")],
+                                batch.input_ids.shape[1])
+    with torch.no_grad():
+        for reference in (None, merged):
+            full = reference_logp(model, batch.input_ids, batch.attention_mask, reference=reference, logp_mask=mask)
+            cut = reference_logp(model, batch.input_ids, batch.attention_mask, reference=reference, logp_mask=mask,
+                                 frozen_states=states)
+            torch.testing.assert_close(cut[mask], full[mask], atol=1e-4, rtol=1e-4)
+            wrong = reference_logp(model, batch.input_ids, batch.attention_mask, reference=reference, logp_mask=mask,
+                                   frozen_states=shifted)
+            assert (wrong[mask] - full[mask]).abs().max() > 1e-2  # the recorded states were used
+        # the merged reference is the adapted actor, not the adapters-off one
+        assert (reference_logp(model, batch.input_ids, batch.attention_mask, reference=merged, logp_mask=mask)[mask]
+                - reference_logp(model, batch.input_ids, batch.attention_mask, logp_mask=mask)[mask]).abs().max() > 1e-2
+        other = copy.deepcopy(merged)
+        _causal_lm(other).get_decoder().layers[0].mlp.down_proj.weight.add_(0.1)  # a different frozen layer
+        full = reference_logp(model, batch.input_ids, batch.attention_mask, reference=other, logp_mask=mask)
+        given = reference_logp(model, batch.input_ids, batch.attention_mask, reference=other, logp_mask=mask,
+                               frozen_states=states)
+        torch.testing.assert_close(given[mask], full[mask])

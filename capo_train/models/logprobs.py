@@ -53,14 +53,16 @@ def _causal_lm(model: nn.Module) -> nn.Module:
 
 
 def final_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor,
-                 frozen_states: Tensor | None = None) -> Tensor:
+                 frozen_states: Tensor | None = None, first_layer: int | None = None) -> Tensor:
     """``[R, S, H]`` last hidden states of a causal LM (after its final norm), without the LM head.
 
     ``frozen_states`` ``[R, S, H]``: the hidden states entering the first trainable decoder layer, as the
-    rollout recorded them (:func:`frozen_prefix_layers`); only the trainable layers then run."""
+    rollout recorded them (:func:`frozen_prefix_layers`); only the trainable layers then run. ``first_layer``
+    says which layer they enter when ``model`` is not the actor (the KL reference, whose layers below it are
+    the actor's frozen ones: :func:`same_leading_layers`); None: the model's own first trainable layer."""
     decoder = _causal_lm(model).get_decoder()
     if frozen_states is not None:
-        return _trainable_layers_hidden(decoder, frozen_states, attention_mask)
+        return _trainable_layers_hidden(decoder, frozen_states, attention_mask, first_layer)
     out = decoder(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
     )
@@ -94,11 +96,29 @@ def frozen_prefix_layers(model: nn.Module) -> int | None:
     return None  # nothing trainable in the decoder
 
 
-def _trainable_layers_hidden(decoder: nn.Module, frozen_states: Tensor, attention_mask: Tensor) -> Tensor:
-    """The decoder's forward from its first trainable layer on: the decoder runs with ``layers`` cut to the
-    trainable ones and the frozen layers' output as ``inputs_embeds``, so that the causal mask, positions,
-    rotary embeddings and gradient checkpointing are the decoder's own, not a copy of them."""
-    k = frozen_prefix_layers(decoder)
+def same_leading_layers(model: nn.Module, other: nn.Module, count: int) -> bool:
+    """Whether the embeddings and the first ``count`` decoder layers of two causal LMs hold equal weights: then
+    states recorded entering layer ``count`` of one are those of the other (the KL reference merged from a
+    warm start whose LoRA trained only the later layers)."""
+    a, b = _causal_lm(model).get_decoder(), _causal_lm(other).get_decoder()
+    if len(a.layers) != len(b.layers) or type(a) is not type(b):
+        return False
+    modules = [(a.embed_tokens, b.embed_tokens)] + [(a.layers[i], b.layers[i]) for i in range(count)]
+    for mine, theirs in modules:
+        ours, their = dict(mine.named_parameters()), dict(theirs.named_parameters())
+        # peft names the wrapped weights `base_layer.weight`; the merged reference names them `weight`
+        ours = {n.replace("base_layer.", ""): p for n, p in ours.items() if "lora_" not in n}
+        if ours.keys() != their.keys() or any(not torch.equal(p, their[n]) for n, p in ours.items()):
+            return False
+    return True
+
+
+def _trainable_layers_hidden(decoder: nn.Module, frozen_states: Tensor, attention_mask: Tensor,
+                             first_layer: int | None = None) -> Tensor:
+    """The decoder's forward from its first trainable layer (or ``first_layer``) on: the decoder runs with
+    ``layers`` cut to the later ones and the frozen layers' output as ``inputs_embeds``, so that the causal mask,
+    positions, rotary embeddings and gradient checkpointing are the decoder's own, not a copy of them."""
+    k = frozen_prefix_layers(decoder) if first_layer is None else first_layer
     if k is None:
         raise ValueError("frozen_states given, but the model has no frozen leading layers (frozen_prefix_layers)")
     if frozen_states.shape[:2] != attention_mask.shape:
@@ -211,18 +231,25 @@ def scored_logp(
     logp_mask: Tensor | None = None,
     micro_batch: int = 8,
     temperature: float = 1.0,
+    frozen_states: Tensor | None = None,
+    first_layer: int | None = None,
 ) -> Tensor:
     """``[R, S]`` log-probs of ``scorer`` (a causal LM) in eval mode, without gradient, ``micro_batch`` rows
     at a time: the reference policy's (``scoring.reference_logp``), or the actor's own when the trainer
-    recomputes the rollout's old log-probs (``rollout.recompute_logprobs``)."""
+    recomputes the rollout's old log-probs (``rollout.recompute_logprobs``). ``frozen_states`` ``[R, S, H]``
+    and ``first_layer``: as :func:`final_hidden`, only the layers from ``first_layer`` on run."""
     parts = []
     with evaluating(scorer):
         for i in range(0, input_ids.shape[0], micro_batch):
             rows = slice(i, i + micro_batch)
             mask = logp_mask[rows] if logp_mask is not None else None
-            parts.append(lm_logp(scorer, input_ids[rows], attention_mask[rows], logp_mask=mask, temperature=temperature)[0])
+            hidden = None
+            if frozen_states is not None:
+                hidden = final_hidden(scorer, input_ids[rows], attention_mask[rows], frozen_states[rows], first_layer)
+            parts.append(lm_logp(scorer, input_ids[rows], attention_mask[rows], hidden=hidden, logp_mask=mask,
+                                 temperature=temperature)[0])
     return torch.cat(parts)
 
 
 __all__ = ["LOGP_CHUNK", "ModelOutput", "evaluating", "final_hidden", "frozen_prefix_layers", "lm_logp", "position_ids",
-           "scored_logp"]
+           "same_leading_layers", "scored_logp"]
