@@ -62,7 +62,8 @@ def reference_logp(
         raise ValueError("reference_logp needs a reference model (load_reference) when the actor has no LoRA")
     scorer = reference if reference is not None else model.actor
     first_layer = frozen_prefix_layers(model.actor) if frozen_states is not None else None
-    if first_layer is None or (reference is not None and not _shares_frozen_layers(model.actor, reference, first_layer)):
+    shared = first_layer is not None and (reference is None or _shares_frozen_layers(model.actor, reference, first_layer))
+    if not shared:
         frozen_states = first_layer = None  # the whole reference runs
     with model.actor.disable_adapter() if reference is None else nullcontext():
         return scored_logp(scorer, input_ids, attention_mask, logp_mask=logp_mask, micro_batch=micro_batch,
