@@ -297,8 +297,7 @@ def _best_value(option: str, groups: Mapping[str, Sequence[str]]) -> tuple[str, 
 
 
 def prepared_dir(size: str, data_dir: str | Path | None = None) -> Path:
-    if size not in SIZES:
-        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
+    choice_knob("size", size, sorted(SIZES))
     return (Path(data_dir).expanduser() / SIZES[size]) if data_dir else dataset_dir(SIZES[size])
 
 
@@ -311,8 +310,7 @@ def make_webshop_env(
     retriever: str = "bm25", **kwargs: Any,
 ) -> ShopEnv:  # fmt: skip
     """``capo/WebShop-v0``: the original's catalogue, goals, pages and reward."""
-    if goals not in GOAL_KINDS:
-        raise ValueError(f"goals must be one of {GOAL_KINDS}, got {goals!r}")
+    choice_knob("goals", goals, GOAL_KINDS)
     root = prepared_dir(size, data_dir)
     if not (root / "manifest.json").is_file():
         raise DataNotPreparedError(

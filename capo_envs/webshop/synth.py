@@ -6,6 +6,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from ..core.env import choice_knob, int_knob
 from .env import ShopEnv
 from .products import SPLIT_RANGES, build_goals, load_products, split_goals
 from .shop import MemoryStore, ProductSearch
@@ -44,10 +45,8 @@ class SynthShopEnv(ShopEnv):
                  **kwargs: Any):
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an int, got {seed!r}")
-        if isinstance(num_products, bool) or not isinstance(num_products, int) or not 20 <= num_products <= 2_000_000:
-            raise ValueError(f"num_products must be an int in [20, 2000000], got {num_products!r}")
-        if split not in SPLIT_RANGES:
-            raise ValueError(f"split must be one of {sorted(SPLIT_RANGES)}, got {split!r}")
+        int_knob("num_products", num_products, 20, 2_000_000)
+        choice_knob("split", split, sorted(SPLIT_RANGES))
         if not isinstance(all_options, bool):
             raise ValueError(f"all_options must be a bool, got {all_options!r}")
         store, search, goals = synth_shop(seed, num_products, all_options)

@@ -243,9 +243,8 @@ def scored_logp(
         for i in range(0, input_ids.shape[0], micro_batch):
             rows = slice(i, i + micro_batch)
             mask = logp_mask[rows] if logp_mask is not None else None
-            hidden = None
-            if frozen_states is not None:
-                hidden = final_hidden(scorer, input_ids[rows], attention_mask[rows], frozen_states[rows], first_layer)
+            states = frozen_states[rows] if frozen_states is not None else None
+            hidden = final_hidden(scorer, input_ids[rows], attention_mask[rows], states, first_layer)
             parts.append(lm_logp(scorer, input_ids[rows], attention_mask[rows], hidden=hidden, logp_mask=mask,
                                  temperature=temperature)[0])
     return torch.cat(parts)
