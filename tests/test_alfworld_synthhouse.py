@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import time
 from pathlib import Path
 
@@ -55,6 +56,10 @@ def test_task_ids_splits_types_and_kwargs():
     for bad in ({"size": "huge"}, {"split": "valid"}, {"task_types": [0]}, {"seed": "1"}, {"num_tasks": 0}):
         with pytest.raises(ValueError):
             gym.make("capo/SynthHouse-v0", **bad)
+    for name, value in (("max_steps", 0), ("max_steps", True), ("max_steps", "5"), ("action_format", "xml"),
+                        ("action_format", ["tags"])):
+        with pytest.raises(ValueError, match=f"{name} must be .*, got {re.escape(repr(value))}"):
+            gym.make("capo/SynthHouse-v0", **{name: value})
     env.close()
 
 

@@ -46,7 +46,7 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..core.env import Outcome, TextEnv, choice_knob
+from ..core.env import MAX_COUNT, Outcome, TextEnv, choice_knob, int_knob
 from ..core.paths import DataNotPreparedError, dataset_dir, is_prepared
 from ..core.protocol import Action
 from .engine import Engine, EngineDied, EngineError, require_engine
@@ -99,8 +99,7 @@ class HouseEnv(TextEnv):
         expert_mode: str = "handcoded",
     ):
         require_engine()
-        if isinstance(max_steps, bool) or not isinstance(max_steps, int):
-            raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
+        int_knob("max_steps", max_steps, 1, MAX_COUNT)
         choice_knob("mistake", mistake, MISTAKES)
         choice_knob("expert_mode", expert_mode, EXPERT_MODES)
         super().__init__(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from ..core.env import choice_knob
 from ..core.protocol import ActionProtocol, ParseResult, TagProtocol, ToolSpec, _scan_tags, decode_tool_call
 
 ACTION_TOOL = ToolSpec("action", "command", "send one admissible command to the game, e.g. go to fridge 1")
@@ -66,8 +67,7 @@ class ActionTagProtocol(TagProtocol):
 
 
 def make_protocol(action_format: str) -> ActionProtocol:
+    choice_knob("action_format", action_format, ACTION_FORMATS)
     if action_format == "tags":
         return ActionTagProtocol([ACTION_TOOL])
-    if action_format == "tool_call":
-        return StepCallProtocol([STEP_TOOL])
-    raise ValueError(f"action_format must be one of {list(ACTION_FORMATS)}, got {action_format!r}")
+    return StepCallProtocol([STEP_TOOL])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
+from ..core.env import choice_knob
 from ..core.protocol import Action, ActionProtocol, ParseResult, ToolSpec, _scan_tags, _strip_think, clean_text
 
 ACTION_START = re.compile(r"(search|click)\[", re.IGNORECASE)
@@ -22,8 +23,7 @@ TOOLS = (
 
 class WebShopProtocol(ActionProtocol):
     def __init__(self, tools, *, action_format: str = "plain", **kwargs: Any):
-        if action_format not in FORMATS:
-            raise ValueError(f"action_format must be one of {FORMATS}, got {action_format!r}")
+        choice_knob("action_format", action_format, FORMATS)
         super().__init__(tools, **kwargs)
         self.name = action_format
         self.action_format = action_format
