@@ -158,14 +158,18 @@ def compute_targets(
         response_mask=batch.action_mask,
         anchor=batch.anchor,
     )
+    critic_from_features = state_features is not None and reads_features(model)
+    critic_pass = algo.needs_critic and not critic_from_features
+    # padded once for both passes over the batch (the critic's and the reference's), when either runs
+    frozen_states = frozen_states_of(model, batch) if critic_pass or algo.kl_coef > 0 else None  # [R, S, H]
     old_values = None
     if algo.needs_critic:
         with watch.phase("time/values_s"), evaluating(model):
-            if state_features is not None and reads_features(model):
+            if critic_from_features:
                 step.values, step.token_values = values_from_features(model, state_features, batch)
             else:
                 values = model(batch.input_ids, batch.attention_mask, need_values=True, need_logp=False,
-                               frozen_states=frozen_states_of(model, batch)).values  # [R, S]
+                               frozen_states=frozen_states).values  # [R, S]
                 step.values = values[batch.boundary_row, batch.boundary_pos]  # [A]: V(s_t) at the last state token
                 step.token_values = gather_actions(shift_right(values), batch)  # [A, L]: V before each action token
         old_values = step.values if algo.critic_at == "boundary" else step.token_values
@@ -176,7 +180,7 @@ def compute_targets(
                 reference_logp(
                     model, batch.input_ids, batch.attention_mask, reference=reference,
                     logp_mask=batch.action_index >= 0, temperature=temperature,
-                    frozen_states=frozen_states_of(model, batch),
+                    frozen_states=frozen_states,
                 ),
                 batch,
             )  # [A, L]
