@@ -121,6 +121,10 @@ class OptimConfig:
     # With per-action rows an iteration makes rows / minibatch_rows steps (SynthHouse: ~40), which at a LoRA
     # lr can carry the policy far from the one that sampled the batch. None: every mini-batch steps.
     target_kl: float | None = None
+    # The first this many RL iterations train only the critic (verl's trainer.critic_warmup): a fresh value head
+    # values every state alike, so a warm-started actor's first advantages are the returns minus a constant.
+    # Critic-free algorithms ignore it. 0: the actor steps from the first iteration (the CAPO authors' setting).
+    critic_warmup: int = 0
 
 
 @dataclass

@@ -83,6 +83,7 @@ CONFIG_RULES: dict[str, Rule] = {
     "optim.ppo_epochs": _int_at_least(1),
     "optim.minibatch_rows": _int_at_least(1),
     "optim.target_kl": _or_null(POSITIVE),
+    "optim.critic_warmup": _int_at_least(0),
     "sft.episodes": _int_at_least(0),
     "sft.tasks": _int_at_least(0),
     "sft.epochs": _int_at_least(1),

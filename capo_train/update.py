@@ -279,31 +279,38 @@ def update(
     accelerator=None,
     probe=None,
     watch: Stopwatch | None = None,
+    train_actor: bool = True,
 ) -> dict[str, float]:
     """Critic first (its own pass, unless it shares the actor's forward), then the actor; returns the
     mean of each ``actor/*``, ``critic/*`` and ``ratio_spread/*`` statistic over the mini-batches.
+    ``train_actor=False`` (``optim.critic_warmup``): the critic's steps only, the actor's weights untouched.
 
     ``model`` may be the accelerator's (DDP-wrapped) model: its forward syncs gradients across processes.
     ``probe``: called with each actor mini-batch's log-probs (``capo view``'s recording, episodes.py).
     ``watch`` times the critic's passes (``time/update_critic_s``) and the actor's (``time/update_actor_s``)."""
     watch = Stopwatch() if watch is None else watch
     stats: dict[str, Any] = {}
-    if algo.needs_critic and config.model.critic != "shared":
+    shared_critic = config.model.critic == "shared"  # trained in the actor's steps, unless they are skipped
+    if algo.needs_critic and (not shared_critic or not train_actor):
         with watch.phase("time/update_critic_s"):
             _update_critic(model, optimizers, algo, batch, targets, config, generator, accelerator, stats)
-    with watch.phase("time/update_actor_s"):
-        _update_actor(model, optimizers, algo, batch, targets, config, generator, accelerator, probe, stats)
+    if train_actor:
+        with watch.phase("time/update_actor_s"):
+            _update_actor(model, optimizers, algo, batch, targets, config, generator, accelerator, probe, stats)
     return summarise(stats)
 
 
 def _update_critic(model, optimizers, algo, batch, targets, config, generator, accelerator, stats) -> None:
-    """The separate critic's mini-batch steps; adds to ``stats``."""
+    """The critic's own mini-batch steps: a separate critic's, or a shared critic's head alone (only the
+    critic's optimizer steps: the actor's weights stay as they are); adds to ``stats``."""
     inner = unwrap(model)
+    shared_critic = config.model.critic == "shared"
     count = synced_minibatch_count(batch.num_rows, config.optim.minibatch_rows, accelerator)
     cliprange = algo.settings.get("value_cliprange", 0.5)
     for _ in range(config.optim.ppo_epochs):
         for mb in minibatches(batch, config.optim.minibatch_rows, generator, count):
-            values = model(mb.input_ids, mb.attention_mask, need_values=True, need_logp=False).values  # [r, S]
+            values = model(mb.input_ids, mb.attention_mask, need_values=True, need_logp=False,
+                           frozen_states=frozen_states_of(model, mb) if shared_critic else None).values  # [r, S]
             loss, _ = minibatch_value_loss(algo, values, mb, targets, cliprange)
             optimizer_step(loss, list(inner.critic_parameters()), [optimizers["critic"]],
                            config.optim.grad_clip, stats, "critic", accelerator)

@@ -136,6 +136,29 @@ def test_resumed_run_matches_an_uninterrupted_one(tiny_model_dir, tmp_path):
     assert [comparable(r) for r in log(whole)] == [comparable(r) for r in log(halves)]
 
 
+@pytest.mark.parametrize("critic", ["shared", "separate"])
+def test_critic_warmup_trains_the_critic_and_leaves_the_actor(tiny_model_dir, tmp_path, critic):
+    """optim.critic_warmup=1: iteration 1 steps the critic only (the actor's weights are those it started
+    from), iteration 2 steps both."""
+    config = config_for(tiny_model_dir, tmp_path, "iterations=1", "sft.episodes=0", "eval_every=0",
+                        "model.lora=false", f"model.critic={critic}", "optim.critic_warmup=1")
+    train(config, progress=False)
+    start = load_checkpoint_free_weights(tiny_model_dir)
+    warmed = weights(tmp_path)
+    for key, value in start.items():
+        torch.testing.assert_close(warmed[f"actor.{key}"], value, rtol=0, atol=0, msg=key)
+    first = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[0])
+    assert math.isfinite(first["critic/loss"]) and first["critic/grad_norm"] > 0
+    assert "actor/loss" not in first
+    config = config_for(tiny_model_dir, tmp_path, "iterations=2", "sft.episodes=0", "eval_every=0",
+                        "model.lora=false", f"model.critic={critic}", "optim.critic_warmup=1")
+    train(config, resume=True, progress=False)
+    second = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[1])
+    assert math.isfinite(second["actor/loss"]) and math.isfinite(second["critic/loss"])
+    stepped = weights(tmp_path)
+    assert any(not torch.equal(stepped[f"actor.{key}"], value) for key, value in start.items())
+
+
 def test_nan_loss_skips_the_update_and_keeps_the_weights(tiny_model_dir, tmp_path, monkeypatch):
     import dataclasses
 
