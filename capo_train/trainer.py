@@ -128,7 +128,7 @@ def rl_iteration(run: Run, iteration: int, envs: list[gym.Env]) -> dict[str, flo
     with watch.phase("time/update_s"):
         update_stats = update(run.trainable or model, run.optimizers, algo, batch, targets, config, generator,
                               accelerator, probe=recorder.observe if recorder is not None else None, watch=watch,
-                              train_actor=iteration >= config.optim.critic_warmup)
+                              train_actor=not algo.needs_critic or iteration >= config.optim.critic_warmup)
     if holds_weights(backend):
         with watch.phase("time/weight_sync_s"):
             sync_rollout_weights(backend, model)  # a vLLM backend samples the next rollout with the updated actor

@@ -159,6 +159,14 @@ def test_critic_warmup_trains_the_critic_and_leaves_the_actor(tiny_model_dir, tm
     assert any(not torch.equal(stepped[f"actor.{key}"], value) for key, value in start.items())
 
 
+def test_critic_warmup_is_ignored_by_a_critic_free_algorithm(tiny_model_dir, tmp_path):
+    config = config_for(tiny_model_dir, tmp_path, "algo=grpo", "iterations=1", "sft.episodes=0", "eval_every=0",
+                        "model.lora=false", "optim.critic_warmup=1")
+    train(config, progress=False)
+    record = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[0])
+    assert math.isfinite(record["actor/loss"]) and record["actor/grad_norm"] > 0
+
+
 def test_nan_loss_skips_the_update_and_keeps_the_weights(tiny_model_dir, tmp_path, monkeypatch):
     import dataclasses
 
